@@ -1,0 +1,283 @@
+"""The ``relaxspec`` command line: generate, theory, bench, data, train, eval.
+
+Every command validates its input through the library (one :class:`RelaxSpecError` per problem),
+prints ``error: <message>`` on one line and exits with status 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from relaxspec.errors import RelaxSpecError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Speculative decoding with relaxed verification (NSD, verifier skipping, ProVe).",
+)
+data_app = typer.Typer(no_args_is_help=True, help="Build the offline training corpus.")
+train_app = typer.Typer(no_args_is_help=True, help="Train the tokenizer and the bundled models.")
+app.add_typer(data_app, name="data")
+app.add_typer(train_app, name="train")
+
+TargetOpt = Annotated[
+    Path | None, typer.Option(help="target model directory (default: bundled models/target)")
+]
+DraftOpt = Annotated[Path | None, typer.Option(help="draft model directory (default: bundled models/draft)")]
+
+
+def _model_dir(path: Path | None, name: str) -> Path:
+    from relaxspec.models import bundled
+
+    if path is not None:
+        return path
+    default = bundled(name)
+    if not (default / "config.json").is_file():
+        raise RelaxSpecError(f"no --{name} given and no bundled model at {default}")
+    return default
+
+
+def _method_params(**given: Any) -> dict[str, Any]:
+    """Only the method parameters the user actually set (so unknown ones can be rejected)."""
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _parse_value(text: str) -> Any:
+    """``--set`` values: JSON scalars (numbers, true/false) as such, anything else as a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _load_pair(method: str, target: Path | None, draft: Path | None):
+    from relaxspec.methods import METHODS, resolve_params
+    from relaxspec.models import load_model
+
+    resolve_params(method, {})  # unknown method -> clear error before loading anything
+    t = load_model(_model_dir(target, "target"))
+    d = load_model(_model_dir(draft, "draft")) if METHODS[method].needs_draft else None
+    return t, d
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Argument(help="prompt text")],
+    method: Annotated[str, typer.Option(help="ar, sd, nsd, topk, typical, lenience")] = "nsd",
+    k: Annotated[int | None, typer.Option(help="draft length K")] = None,
+    theta: Annotated[float | None, typer.Option(help="nucleus threshold θ (nsd)")] = None,
+    accept_k: Annotated[
+        int | None, typer.Option(help="accept drafts among the target's top-k (topk)")
+    ] = None,
+    epsilon: Annotated[float | None, typer.Option(help="typical acceptance ε")] = None,
+    delta: Annotated[float | None, typer.Option(help="typical acceptance δ")] = None,
+    ell: Annotated[float | None, typer.Option(help="lenience ℓ")] = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = 0,
+    max_new_tokens: int = 128,
+    stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable)")] = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON object instead of streaming")
+    ] = False,
+) -> None:
+    """Generate a continuation of PROMPT, streaming text (or one JSON object with --json)."""
+    from relaxspec.methods import build_engine
+    from relaxspec.sampling import SamplingParams
+
+    params = SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        stop=tuple(stop or ()),
+    )
+    method_params = _method_params(k=k, theta=theta, accept_k=accept_k, epsilon=epsilon, delta=delta, ell=ell)
+    from relaxspec.methods import resolve_params
+
+    resolve_params(method, method_params)
+    t, d = _load_pair(method, target, draft)
+    engine = build_engine(method, t, d, **method_params)
+    if as_json:
+        result = engine.generate(prompt, params)
+        print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
+        return
+    result = engine.generate(
+        prompt, params, on_chunk=lambda text, _ids: (sys.stdout.write(text), sys.stdout.flush())
+    )
+    s = result.stats
+    print(
+        f"\n[{method}] {s.new_tokens} tokens in {s.total_seconds:.2f}s "
+        f"({s.new_tokens / max(s.total_seconds, 1e-9):.1f} tok/s), "
+        f"tau={s.tau:.2f}, verifier calls={s.verifier_calls}, finish={s.finish_reason}",
+        file=sys.stderr,
+    )
+
+
+@app.command()
+def theory(
+    p: Annotated[str | None, typer.Option(help="target distribution, comma-separated")] = None,
+    q: Annotated[str | None, typer.Option(help="proposal distribution, comma-separated")] = None,
+    theta: float = 0.95,
+    prompt: Annotated[
+        str | None, typer.Option(help="with a model pair: analyse a generation of this prompt")
+    ] = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    max_new_tokens: int = 32,
+    temperature: float = 1.0,
+    eps: Annotated[float | None, typer.Option(help="per-step TV bound ε for the certified horizon")] = None,
+    delta_horizon: Annotated[float, typer.Option("--delta", help="coupling failure probability δ")] = 0.05,
+) -> None:
+    """NSD theory (DESIGN §3): R, ES, TV, acceptance for p and q, or along a model-pair generation."""
+    from relaxspec.theory_report import theory_for_distributions, theory_for_models
+
+    if prompt is not None:
+        report = theory_for_models(
+            _model_dir(target, "target"),
+            _model_dir(draft, "draft"),
+            prompt,
+            theta,
+            max_new_tokens,
+            temperature,
+            delta_horizon,
+        )
+    elif p is not None and q is not None:
+        report = theory_for_distributions(p, q, theta, eps, delta_horizon)
+    else:
+        raise RelaxSpecError("give --p and --q (distributions), or --prompt (with a model pair)")
+    print(json.dumps(report, indent=1))
+
+
+@data_app.command("build")
+def data_build(
+    out: Annotated[Path, typer.Option(help="corpus directory")] = Path("data/corpus"),
+    n_math_train: int = 200_000,
+    n_math_eval: int = 1_000,
+) -> None:
+    """Build the offline corpus (stdlib Python + synthetic math) deterministically."""
+    from relaxspec.data.corpus import CorpusConfig, build_corpus
+
+    manifest = build_corpus(out, CorpusConfig(n_math_train=n_math_train, n_math_eval=n_math_eval))
+    print(json.dumps({k: v for k, v in manifest.items() if k != "heldout_modules"}, indent=1))
+
+
+@train_app.command("tokenizer")
+def train_tokenizer_cmd(
+    corpus: Path = Path("data/corpus"),
+    out: Path = Path("models/tokenizer"),
+    vocab_size: int = 4096,
+) -> None:
+    """Train the byte-level BPE tokenizer (digits split, EOS/PAD/MASK reserved)."""
+    from relaxspec.train.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(corpus, out, vocab_size)
+    print(f"tokenizer with {len(tok)} tokens saved to {out}")
+
+
+@train_app.command("ar")
+def train_ar_cmd(
+    config: Annotated[str, typer.Option(help="model preset: target, draft, tiny")] = "target",
+    corpus: Path = Path("data/corpus"),
+    tokenizer: Path = Path("models/tokenizer"),
+    run_dir: Annotated[Path | None, typer.Option(help="checkpoints (default runs/<config>)")] = None,
+    export: Annotated[Path | None, typer.Option(help="final model dir (default models/<config>)")] = None,
+    steps: int | None = None,
+    max_minutes: float | None = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="training option override name=value")
+    ] = None,
+) -> None:
+    """Train (or resume) a Llama-style causal LM preset with the shared loop."""
+    from relaxspec.train.ar import train_ar
+
+    overrides: dict[str, Any] = {}
+    for item in set_ or []:
+        if "=" not in item:
+            raise RelaxSpecError(f"--set expects name=value, got {item!r}")
+        name, value = item.split("=", 1)
+        overrides[name] = _parse_value(value)
+    if steps is not None:
+        overrides["steps"] = steps
+    if max_minutes is not None:
+        overrides["max_minutes"] = max_minutes
+    _, state = train_ar(
+        config,
+        corpus,
+        tokenizer,
+        run_dir or Path("runs") / config,
+        export_dir=export or Path("models") / config,
+        overrides=overrides,
+    )
+    print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
+
+
+@app.command("bench")
+def bench_cmd(
+    methods: Annotated[str, typer.Option(help="comma-separated methods")] = "ar,sd,nsd",
+    dataset: Annotated[str, typer.Option(help="math, code, humaneval or a .jsonl prompt file")] = "math",
+    limit: int = 10,
+    k: int = 8,
+    theta: float = 0.95,
+    temperature: float = 0.0,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    peers: Annotated[bool, typer.Option(help="also time HF generate() and assisted generation")] = True,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    out: Annotated[Path, typer.Option(help="JSON output file")] = Path("results/bench.json"),
+) -> None:
+    """Benchmark methods on the same prompts in one process; print a table and write JSON."""
+    from relaxspec.bench import BenchConfig, run_bench
+
+    config = BenchConfig(
+        methods=[m.strip() for m in methods.split(",") if m.strip()],
+        dataset=dataset,
+        limit=limit,
+        k=k,
+        theta=theta,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        peers=peers,
+        target=str(_model_dir(target, "target")),
+        draft=str(_model_dir(draft, "draft")),
+        out=str(out),
+    )
+    run_bench(config)
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[Path | None, typer.Option(help="model directory (default: bundled target)")] = None,
+    corpus: Path = Path("data/corpus"),
+    limit: int = 500,
+    out: Path | None = None,
+) -> None:
+    """Math exact-match accuracy (greedy) and held-out code loss of one model, as JSON."""
+    from relaxspec.evaluate import evaluate_model
+
+    report = evaluate_model(_model_dir(model, "target"), corpus, limit=limit, out=out)
+    print(json.dumps(report, indent=1))
+
+
+def main() -> None:
+    try:
+        app()
+    except RelaxSpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

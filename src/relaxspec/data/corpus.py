@@ -1,0 +1,149 @@
+"""The offline training corpus (DESIGN §5): Python standard-library source + synthetic math.
+
+``build_corpus(out_dir)`` writes, deterministically:
+
+- ``code_train.jsonl`` / ``code_eval.jsonl`` — one ``{"path", "text"}`` per stdlib module,
+  deduplicated by content; a module is held out for evaluation when the SHA-1 of its relative path
+  falls in a fixed bucket (:func:`is_heldout_module`), so the split never depends on file order.
+- ``math_train.jsonl`` — ``{"seed", "text"}`` for training seeds ``0..n_math_train-1``.
+- ``math_eval.jsonl`` — ``{"seed", "prompt", "solution", "answer", "steps"}`` from the disjoint
+  evaluation seed range.
+- ``manifest.json`` — Python version, counts, held-out module list, characters per source.
+
+Token counts and the mixing ratio are recorded by the training code once a tokenizer exists
+(see :mod:`relaxspec.train.tokens`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sysconfig
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from relaxspec.data.mathgen import EVAL_SEED_START, eval_problems, generate_problem
+from relaxspec.errors import RelaxSpecError
+
+HELDOUT_BUCKETS = 20  # one module in twenty (by path hash) is held out for evaluation
+MAX_MODULE_BYTES = 200_000  # skip generated tables (unicode data, pydoc topics) that teach nothing
+_SKIP_PARTS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
+
+
+@dataclass
+class CorpusConfig:
+    n_math_train: int = 200_000
+    n_math_eval: int = 1_000
+    stdlib_dir: str | None = None  # default: this interpreter's standard library
+    max_code_files: int | None = None  # for tests: only the first N modules (sorted by path)
+
+
+def is_heldout_module(relative_path: str) -> bool:
+    """Whether a stdlib module belongs to the held-out evaluation set (fixed by its path)."""
+    digest = hashlib.sha1(relative_path.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % HELDOUT_BUCKETS == 0
+
+
+def stdlib_modules(stdlib_dir: Path, limit: int | None = None) -> list[tuple[str, str]]:
+    """``(relative path, source)`` of every usable ``.py`` module, sorted, deduplicated by content."""
+    seen: set[str] = set()
+    modules = []
+    for path in sorted(stdlib_dir.rglob("*.py")):
+        rel = path.relative_to(stdlib_dir).as_posix()
+        if _SKIP_PARTS.intersection(rel.split("/")[:-1]) or path.name.startswith("test_"):
+            continue
+        if path.stat().st_size > MAX_MODULE_BYTES:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        digest = hashlib.sha1(text.encode()).hexdigest()
+        if not text.strip() or digest in seen:
+            continue
+        seen.add(digest)
+        modules.append((rel, text))
+        if limit is not None and len(modules) >= limit:
+            break
+    return modules
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)  # atomic: a crash never leaves a half-written split behind
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a corpus file, with a clear error if it is missing or corrupt."""
+    if not path.is_file():
+        raise RelaxSpecError(f"corpus file not found: {path} (run `relaxspec data build` first)")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise RelaxSpecError(f"corrupt corpus file {path}, line {lineno}: {err.msg}") from None
+    return rows
+
+
+def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dict:
+    """Write the corpus files into ``out_dir`` and return the manifest."""
+    config = config or CorpusConfig()
+    if config.n_math_train < 1 or config.n_math_eval < 1:
+        raise RelaxSpecError("n_math_train and n_math_eval must be at least 1")
+    if config.n_math_train > EVAL_SEED_START:
+        raise RelaxSpecError(f"n_math_train must be below {EVAL_SEED_START}")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RelaxSpecError(f"cannot create corpus directory {out}: {err.strerror}") from None
+    stdlib_dir = Path(config.stdlib_dir or sysconfig.get_paths()["stdlib"])
+    if not stdlib_dir.is_dir():
+        raise RelaxSpecError(f"standard library directory not found: {stdlib_dir}")
+
+    modules = stdlib_modules(stdlib_dir, config.max_code_files)
+    code_train = [{"path": p, "text": t} for p, t in modules if not is_heldout_module(p)]
+    code_eval = [{"path": p, "text": t} for p, t in modules if is_heldout_module(p)]
+    math_train = [{"seed": s, "text": generate_problem(s).text} for s in range(config.n_math_train)]
+    math_eval = [
+        {"seed": p.seed, "prompt": p.prompt, "solution": p.solution, "answer": p.answer, "steps": p.steps}
+        for p in eval_problems(config.n_math_eval)
+    ]
+    # Seeds are disjoint by construction; also make sure no evaluation question was generated
+    # verbatim for training (possible in principle with templates).
+    train_texts = {r["text"].split("\nAnswer:")[0] for r in math_train}
+    math_eval = [r for r in math_eval if r["prompt"].split("\nAnswer:")[0] not in train_texts]
+
+    for name, rows in [
+        ("code_train", code_train),
+        ("code_eval", code_eval),
+        ("math_train", math_train),
+        ("math_eval", math_eval),
+    ]:
+        _write_jsonl(out / f"{name}.jsonl", rows)
+    manifest = {
+        "python_version": platform.python_version(),
+        "stdlib_dir": str(stdlib_dir),
+        "config": asdict(config),
+        "counts": {
+            "code_train": len(code_train),
+            "code_eval": len(code_eval),
+            "math_train": len(math_train),
+            "math_eval": len(math_eval),
+        },
+        "chars": {
+            "code_train": sum(len(r["text"]) for r in code_train),
+            "code_eval": sum(len(r["text"]) for r in code_eval),
+            "math_train": sum(len(r["text"]) for r in math_train),
+        },
+        "heldout_modules": [r["path"] for r in code_eval],
+        "math_eval_seed_start": EVAL_SEED_START,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest

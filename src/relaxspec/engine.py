@@ -1,0 +1,363 @@
+"""The decode loop: propose → schedule → verify → rule → commit, one cycle at a time.
+
+Every method is this one loop with different parts (DESIGN §4):
+
+- AR decoding: no proposer; each cycle verifies an empty draft and emits the bonus token.
+- Speculative decoding (SD, NSD, top-k, typical, lenience): a :class:`DraftModel` proposer and an
+  acceptance rule from :mod:`relaxspec.acceptance`.
+- Verifier skipping: a scheduler that sometimes commits a draft prefix without verification.
+
+The committed sequence ``ids[1, n]`` is the only source of truth. Each model keeps a KV cache of a
+prefix of it and, after every commit, is rolled back to the part of its cache that matches the
+committed tokens (see :mod:`relaxspec.kv`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from relaxspec.acceptance import Greedy, Rule, verify
+from relaxspec.errors import RelaxSpecError
+from relaxspec.proposers.base import Proposal, Proposer
+from relaxspec.sampling import SamplingParams
+from relaxspec.schedulers import Scheduler, SchedulerState, Strict
+from relaxspec.verifier import Verifier
+
+ChunkCallback = Callable[[str, list[int]], None]  # (new text, new token ids) per committed chunk
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation (or, merged, of a benchmark cell).
+
+    ``position_proposed[i]`` / ``position_accepted[i]``: how often draft position i+1 was verified
+    and how often it was accepted (vLLM's per-position acceptance). ``accepted_by_relaxation``:
+    accepted draft tokens beyond the prefix the ``Exact`` rule would have accepted under the same
+    uniforms (greedy rules: beyond the argmax-matching prefix) — the tokens a relaxed rule gains.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    cycles: int = 0
+    verifier_calls: int = 0
+    draft_calls: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_relaxation: int = 0
+    skipped_rounds: int = 0
+    skipped_tokens: int = 0
+    position_proposed: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per verifier call (DESIGN §1)."""
+        return self.new_tokens / self.verifier_calls if self.verifier_calls else float(self.new_tokens)
+
+    @property
+    def other_seconds(self) -> float:
+        return max(0.0, self.total_seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        return [
+            a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed, strict=True)
+        ]
+
+    def record_positions(self, proposed: int, accepted: int) -> None:
+        grow = proposed - len(self.position_proposed)
+        if grow > 0:
+            self.position_proposed += [0] * grow
+            self.position_accepted += [0] * grow
+        for i in range(proposed):
+            self.position_proposed[i] += 1
+        for i in range(accepted):
+            self.position_accepted[i] += 1
+
+    def merge(self, other: GenerationStats) -> GenerationStats:
+        """Sum of two stats (per-position lists added element-wise)."""
+        out = GenerationStats()
+        for name in (
+            "prompt_tokens",
+            "new_tokens",
+            "cycles",
+            "verifier_calls",
+            "draft_calls",
+            "proposed_tokens",
+            "accepted_tokens",
+            "accepted_by_relaxation",
+            "skipped_rounds",
+            "skipped_tokens",
+            "draft_seconds",
+            "verify_seconds",
+            "total_seconds",
+        ):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        n = max(len(self.position_proposed), len(other.position_proposed))
+        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+        out.position_proposed = [
+            a + b for a, b in zip(pad(self.position_proposed), pad(other.position_proposed), strict=True)
+        ]
+        out.position_accepted = [
+            a + b for a, b in zip(pad(self.position_accepted), pad(other.position_accepted), strict=True)
+        ]
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(tau=self.tau, other_seconds=self.other_seconds, position_acceptance=self.position_acceptance)
+        return d
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]  # generated token ids (no prompt, no EOS)
+    stats: GenerationStats
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class _TextTracker:
+    """Incremental detokenisation with stop strings and safe streaming.
+
+    Holds back text that may still change: an incomplete UTF-8 character (decoded as U+FFFD) and
+    a tail that could be the start of a stop string.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = list(stop)
+        self.tokens: list[int] = []
+        self.emitted = 0  # characters already streamed
+        self.text = ""
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _stop_at(self, text: str) -> int:
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return min(hits) if hits else -1
+
+    def add(self, chunk: list[int]) -> tuple[list[int], bool]:
+        """Append tokens; return the ones kept (cut after a stop string) and whether one was hit."""
+        text = self._decode(self.tokens + chunk)
+        if self.stop and self._stop_at(text) >= 0:
+            # keep tokens up to the first one that completes the stop string
+            for j in range(1, len(chunk) + 1):
+                if self._stop_at(self._decode(self.tokens + chunk[:j])) >= 0:
+                    chunk = chunk[:j]
+                    break
+            self.tokens += chunk
+            self.text = text[: self._stop_at(text)]
+            return chunk, True
+        self.tokens += chunk
+        self.text = text
+        return chunk, False
+
+    def delta(self, final: bool) -> str:
+        """Text not streamed yet that can no longer change."""
+        safe = len(self.text)
+        if not final:
+            safe = len(self.text.rstrip("\ufffd"))
+            for s in self.stop:  # hold back a suffix that is a proper prefix of a stop string
+                for L in range(min(len(s) - 1, safe), 0, -1):
+                    if self.text[safe - L : safe] == s[:L]:
+                        safe = min(safe, safe - L)
+                        break
+        out = self.text[self.emitted : safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        return out
+
+
+class Engine:
+    """Compose a proposer, an acceptance rule and a scheduler around a verifier model.
+
+    ``rule`` is used when the request samples (temperature > 0) and ``greedy_rule`` when it is
+    greedy (temperature 0); with no proposer the engine decodes autoregressively.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        proposer: Proposer | None = None,
+        rule: Rule | None = None,
+        greedy_rule: Rule | None = None,
+        scheduler: Scheduler | None = None,
+        k: int = 8,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        if not isinstance(k, int) or k < 1:
+            raise RelaxSpecError(f"k (draft length) must be an integer >= 1, got {k!r}")
+        if proposer is not None and rule is None and greedy_rule is None:
+            raise RelaxSpecError("a proposer needs an acceptance rule (rule= and/or greedy_rule=)")
+        self.verifier = Verifier(target)
+        self.tokenizer = tokenizer
+        self.proposer = proposer
+        self.rule = rule
+        self.greedy_rule = greedy_rule if greedy_rule is not None else (Greedy() if rule is None else None)
+        self.scheduler = scheduler or Strict()
+        self.k = k
+        if eos_token_ids is None:
+            eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+            eos_token_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.eos_token_ids = set(eos_token_ids)
+
+    def _rule_for(self, params: SamplingParams) -> Rule:
+        rule = self.greedy_rule if params.greedy else self.rule
+        if rule is None:
+            mode = "greedy (temperature 0)" if params.greedy else "sampling (temperature > 0)"
+            raise RelaxSpecError(f"this method has no acceptance rule for {mode} decoding")
+        return rule
+
+    def encode(self, prompt: str | Sequence[int]) -> torch.Tensor:
+        """Prompt text or token ids -> ``LongTensor[1, n]``, validated against the context."""
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise RelaxSpecError("the prompt is empty")
+            ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        else:
+            ids = torch.tensor([list(prompt)], dtype=torch.long)
+            if ids.numel() == 0:
+                raise RelaxSpecError("the prompt is empty")
+            vocab = self.verifier.lm.model.get_output_embeddings().weight.shape[0]
+            if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+                raise RelaxSpecError(f"prompt token ids must be in [0, {vocab})")
+        context = self.context_length
+        if ids.shape[1] >= context:
+            raise RelaxSpecError(
+                f"the prompt has {ids.shape[1]} tokens but the model's context window is "
+                f"{context}; shorten it"
+            )
+        return ids
+
+    @property
+    def context_length(self) -> int:
+        lengths = [self.verifier.context_length]
+        lm = getattr(self.proposer, "lm", None)
+        if lm is not None:
+            lengths.append(lm.context_length)
+        return min(lengths)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        on_chunk: ChunkCallback | None = None,
+    ) -> GenerationResult:
+        """Generate a continuation of ``prompt``; ``on_chunk`` streams each committed chunk."""
+        params = params or SamplingParams()
+        rule = self._rule_for(params) if self.proposer is not None else None
+        ids = self.encode(prompt)
+        device = self.verifier.lm.device
+        generator = torch.Generator(device="cpu").manual_seed(
+            params.seed if params.seed is not None else random.getrandbits(63)
+        )
+        stats = GenerationStats(prompt_tokens=ids.shape[1])
+        text = _TextTracker(self.tokenizer, params.stop)
+        state = SchedulerState()
+        budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
+        empty = torch.empty((1, 0), dtype=torch.long)
+        draft_calls_before = self.proposer.calls if self.proposer is not None else 0
+        verify_calls_before = self.verifier.calls
+
+        started = _now(device)
+        self.verifier.start(ids)
+        if self.proposer is not None:
+            self.proposer.start(ids)
+        finish = "length"
+        generated = 0
+        while generated < budget:
+            remaining = budget - generated
+            k = min(self.k, remaining - 1) if self.proposer is not None else 0
+            proposal: Proposal | None = None
+            skip = 0
+            if k > 0:
+                t0 = _now(device)
+                proposal = self.proposer.propose(ids, k, params, generator)
+                stats.draft_seconds += _now(device) - t0
+                skip = min(self.scheduler.skip_length(proposal, state), proposal.k)
+            if proposal is not None and skip > 0:
+                chunk = proposal.tokens[0, :skip].tolist()
+                stats.skipped_rounds += 1
+                stats.skipped_tokens += skip
+                state.unverified_run += skip
+            else:
+                draft = proposal.tokens if proposal is not None else empty
+                t0 = _now(device)
+                target_probs = self.verifier.score(ids, draft, params)
+                stats.verify_seconds += _now(device) - t0
+                if proposal is None:  # AR step: the "bonus" token of an empty draft
+                    next_token = _ar_token(target_probs[0, 0], params, generator)
+                    chunk = [next_token]
+                else:
+                    assert rule is not None
+                    draft_probs = proposal.probs if rule.needs_draft_probs else None
+                    if rule.needs_draft_probs and not rule.needs_full_draft_probs:
+                        draft_probs = proposal.confidence
+                    verdict = verify(rule, draft, draft_probs, target_probs, generator)
+                    accepted = int(verdict.accepted[0])
+                    chunk = draft[0, :accepted].tolist()
+                    if int(verdict.next_token[0]) >= 0:
+                        chunk.append(int(verdict.next_token[0]))
+                    stats.proposed_tokens += k
+                    stats.accepted_tokens += accepted
+                    if verdict.exact_accepted is not None:
+                        stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
+                    stats.record_positions(k, accepted)
+                state.unverified_run = 0
+            state.rounds += 1
+            stats.cycles += 1
+
+            # Commit: cut at EOS, the token budget and stop strings.
+            for j, token in enumerate(chunk):
+                if token in self.eos_token_ids and not params.ignore_eos:
+                    chunk, finish = chunk[:j], "eos"
+                    break
+            chunk = chunk[:remaining]
+            chunk, hit_stop = text.add(chunk)
+            if hit_stop:
+                finish = "stop"
+            ids = torch.cat([ids, torch.tensor([chunk], dtype=torch.long)], dim=1)
+            generated += len(chunk)
+            if on_chunk is not None and chunk:
+                on_chunk(text.delta(final=finish in ("eos", "stop")), chunk)
+            if finish in ("eos", "stop"):
+                break
+            # Roll every cache back to the committed tokens it may keep (all but the last).
+            self.verifier.rollback(ids.shape[1] - 1)
+            if self.proposer is not None:
+                self.proposer.rollback(ids.shape[1] - 1)
+
+        stats.total_seconds = _now(device) - started
+        stats.new_tokens = generated
+        stats.verifier_calls = self.verifier.calls - verify_calls_before
+        stats.draft_calls = (self.proposer.calls - draft_calls_before) if self.proposer is not None else 0
+        stats.finish_reason = finish
+        if on_chunk is not None:
+            tail = text.delta(final=True)
+            if tail:
+                on_chunk(tail, [])
+        return GenerationResult(text=text.text, tokens=text.tokens, stats=stats)
+
+
+def _ar_token(p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Plain AR: argmax (greedy) or one draw from the processed target law ``p[V]``."""
+    if params.greedy:
+        return int(p.argmax())
+    return int(torch.multinomial(p, 1, generator=generator))

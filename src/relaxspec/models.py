@@ -1,0 +1,82 @@
+"""Loading Hugging Face causal LMs and checking that a proposer and a verifier fit together."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from relaxspec.errors import RelaxSpecError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_DIR = REPO_ROOT / "models"
+
+
+def bundled(name: str) -> Path:
+    """Path of a bundled model (``target``, ``draft``, ``block``, ``diffusion``, …)."""
+    return BUNDLED_DIR / name
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    path: Path
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
+    """Load a causal LM and its tokenizer from a local directory, offline.
+
+    Weights are cast to ``dtype`` (float32 by default: on CPUs bf16 matmuls are only faster for
+    large matrices, and float32 keeps the acceptance arithmetic exact to the tests' tolerances).
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise RelaxSpecError(f"model directory not found: {p}")
+    if not (p / "config.json").is_file():
+        raise RelaxSpecError(f"{p} is not a Hugging Face model directory (no config.json)")
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars on the CLI's stderr
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, local_files_only=True)
+    except Exception as err:
+        raise RelaxSpecError(f"cannot load model from {p}: {type(err).__name__}: {err}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True)
+    except Exception as err:
+        raise RelaxSpecError(f"cannot load the tokenizer of {p}: {type(err).__name__}: {err}") from None
+    model.to(device).eval()
+    return LoadedModel(model, tokenizer, p)
+
+
+def check_compatible(verifier: PreTrainedModel, proposer: PreTrainedModel, what: str = "draft") -> None:
+    """Proposer and verifier must index the same vocabulary (DESIGN §4)."""
+    v_vocab = verifier.get_output_embeddings().weight.shape[0]
+    p_vocab = proposer.get_output_embeddings().weight.shape[0]
+    if v_vocab != p_vocab:
+        raise RelaxSpecError(
+            f"vocabulary mismatch: the {what} model has {p_vocab} output tokens, the verifier has "
+            f"{v_vocab}; speculative decoding needs both to share one tokenizer"
+        )
+
+
+def check_same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase, what: str = "draft") -> None:
+    """Same vocabulary mapping (token string -> id), not just the same size."""
+    if a.get_vocab() != b.get_vocab():
+        raise RelaxSpecError(
+            f"vocabulary mismatch: the {what} tokenizer maps tokens to different ids than the "
+            "verifier's; both models must share one tokenizer"
+        )

@@ -1,0 +1,182 @@
+"""``relaxspec train ar``: Llama-style causal LMs (the bundled ``target`` and ``draft``).
+
+A model preset is a ``LlamaConfig`` shape plus a training recipe. Training samples packed windows
+from the corpus mixture (:class:`~relaxspec.train.tokens.TokenMixture`), evaluates the per-token
+loss on the held-out code modules and math problems, and exports the final weights in bf16
+safetensors with the tokenizer, loadable by ``AutoModelForCausalLM.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+from relaxspec.errors import RelaxSpecError
+from relaxspec.train.loop import TrainConfig, TrainState, train
+from relaxspec.train.tokenizer import load_tokenizer
+from relaxspec.train.tokens import TokenMixture, fixed_windows, load_stream
+
+
+@dataclass
+class ModelPreset:
+    """Shape of a Llama-style model and the recipe used to train it."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    max_position_embeddings: int = 1024
+    train: dict = field(default_factory=dict)  # TrainConfig overrides
+
+
+PRESETS: dict[str, ModelPreset] = {
+    # ~19M parameters; 10 layers deep so that one forward costs >= 8 draft forwards on a CPU.
+    "target": ModelPreset(
+        384, 10, 1024, 6, train={"steps": 2600, "batch_size": 24, "lr": 1e-3, "warmup": 150}
+    ),
+    # ~1.3M parameters, 2 layers: a cheap draft and ProVe's small verifier.
+    "draft": ModelPreset(192, 2, 512, 3, train={"steps": 2600, "batch_size": 24, "lr": 2e-3, "warmup": 150}),
+    # For tests: builds and trains in seconds.
+    "tiny": ModelPreset(
+        64,
+        2,
+        128,
+        2,
+        max_position_embeddings=256,
+        train={"steps": 20, "batch_size": 4, "seq_len": 64, "lr": 3e-3, "warmup": 2},
+    ),
+}
+
+# Share of training windows drawn from each source (by windows, hence by tokens). Math dominates
+# because task accuracy is what the evaluation measures; code keeps the models general enough
+# for code prompts (HumanEval) and gives a held-out loss.
+MIXTURE = {"math": 0.7, "code": 0.3}
+
+
+def llama_config(preset: ModelPreset, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+    """The ``LlamaConfig`` of a preset on a tokenizer (vocabulary and special ids from it)."""
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_hidden_layers,
+        num_attention_heads=preset.num_attention_heads,
+        num_key_value_heads=preset.num_attention_heads,
+        max_position_embeddings=preset.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy over a batch of windows ``input_ids[B, T]``."""
+    return model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+
+
+@torch.no_grad()
+def heldout_losses(
+    model: torch.nn.Module, windows: dict[str, torch.Tensor], batch_size: int = 8
+) -> dict[str, float]:
+    """Per-token loss of ``model`` on fixed held-out windows, one figure per source."""
+    out = {}
+    for name, ids in windows.items():
+        total, count = 0.0, 0
+        for i in range(0, len(ids), batch_size):
+            chunk = ids[i : i + batch_size].to(model.device)
+            loss = model(input_ids=chunk, labels=chunk).loss
+            total += loss.item() * chunk.numel()
+            count += chunk.numel()
+        out[f"{name}_loss"] = total / max(count, 1)
+    return out
+
+
+def export_model(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, extra: dict | None = None
+) -> Path:
+    """Save ``model`` in bf16 safetensors with ``tokenizer`` (and a ``training.json`` record)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.to(torch.bfloat16)
+    model.config.dtype = "bfloat16"
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    if extra is not None:
+        (out / "training.json").write_text(json.dumps(extra, indent=1))
+    return out
+
+
+def train_ar(
+    preset_name: str,
+    corpus_dir: str | Path,
+    tokenizer_dir: str | Path,
+    run_dir: str | Path,
+    export_dir: str | Path | None = None,
+    overrides: dict | None = None,
+    progress: bool = True,
+) -> tuple[LlamaForCausalLM, TrainState]:
+    """Train (or resume) a preset; export it to ``export_dir`` when the run is complete."""
+    if preset_name not in PRESETS:
+        raise RelaxSpecError(f"unknown model config {preset_name!r}; choose from {sorted(PRESETS)}")
+    preset = PRESETS[preset_name]
+    tokenizer = load_tokenizer(tokenizer_dir)
+    cfg_fields = {**preset.train, **(overrides or {})}
+    unknown = set(cfg_fields) - set(TrainConfig.__dataclass_fields__)
+    if unknown:
+        raise RelaxSpecError(f"unknown training option(s): {sorted(unknown)}")
+    config = TrainConfig(out_dir=str(run_dir), **cfg_fields)
+    if config.seq_len > preset.max_position_embeddings:
+        raise RelaxSpecError(
+            f"seq_len {config.seq_len} exceeds the model's context {preset.max_position_embeddings}"
+        )
+
+    streams = {name: load_stream(corpus_dir, name, tokenizer) for name in MIXTURE}
+    mixture = TokenMixture(streams, MIXTURE)
+    heldout = {
+        name: fixed_windows(load_stream(corpus_dir, name, tokenizer), 32, config.seq_len)
+        for name in ("code_eval", "math_eval")
+    }
+    torch.manual_seed(config.seed)
+    model = LlamaForCausalLM(llama_config(preset, tokenizer))
+    record = {
+        "preset": preset_name,
+        "model": asdict(preset),
+        "mixture": MIXTURE,
+        "stream_tokens": {k: len(v) for k, v in streams.items()},
+    }
+    (Path(run_dir)).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
+
+    model, state = train(
+        model,
+        config,
+        batch_fn=lambda step, micro: {
+            "input_ids": mixture.batch(
+                config.seed, step * config.grad_accum + micro, config.batch_size, config.seq_len
+            )
+        },
+        loss_fn=causal_lm_loss,
+        eval_fn=lambda m: heldout_losses(m, heldout),
+        progress=progress,
+    )
+    if export_dir is not None and state.step >= config.steps:
+        n_params = sum(p.numel() for p in model.parameters())
+        export_model(
+            model,
+            tokenizer,
+            export_dir,
+            extra={
+                **record,
+                "train_config": asdict(config),
+                "parameters": n_params,
+                "tokens_seen": state.tokens_seen,
+                "wall_seconds": state.elapsed_seconds,
+                "history": state.history,
+            },
+        )
+    return model, state

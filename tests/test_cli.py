@@ -1,0 +1,117 @@
+"""The command line: generate (streaming and --json), theory, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "relaxspec.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_generate_json(model_dirs):
+    target, draft = model_dirs
+    r = run_cli(
+        "generate",
+        "--method",
+        "nsd",
+        "--theta",
+        "0.9",
+        "--k",
+        "4",
+        "--temperature",
+        "1.0",
+        "--seed",
+        "0",
+        "--max-new-tokens",
+        "12",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--json",
+        "w1 w2",
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"text", "tokens", "stats"}
+    assert 1 <= len(out["tokens"]) <= 12
+    assert out["stats"]["new_tokens"] == len(out["tokens"])
+    assert out["stats"]["tau"] >= 1
+
+
+def test_generate_streams_text(model_dirs):
+    target, draft = model_dirs
+    r = run_cli(
+        "generate",
+        "--method",
+        "sd",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "8",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "w3",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith("w")
+    assert "tau=" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--method", "nope"], "unknown method"),
+        (["--method", "nsd", "--theta", "1.5"], "theta"),
+        (["--method", "sd", "--theta", "0.5"], "has no parameter theta"),
+        (["--method", "sd", "--k", "0"], "k (draft length)"),
+        (["--method", "sd", "--temperature", "-1"], "temperature"),
+        (["--method", "sd", "--top-p", "0"], "top_p"),
+    ],
+)
+def test_generate_bad_input(model_dirs, args, message):
+    target, draft = model_dirs
+    r = run_cli("generate", *args, "--target", str(target), "--draft", str(draft), "w1")
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_generate_missing_model_dir(tmp_path):
+    r = run_cli("generate", "--target", str(tmp_path / "x"), "--draft", str(tmp_path / "y"), "w1")
+    assert r.returncode == 2 and "model directory not found" in r.stderr
+
+
+def test_theory_distributions():
+    r = run_cli("theory", "--p", "0.5,0.3,0.2", "--q", "0.2,0.2,0.6", "--theta", "0.8")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["total_variation"] == pytest.approx(rep["excess_in_nucleus"], abs=1e-6)
+    assert rep["nsd_acceptance"] == pytest.approx(1 - rep["rejection_mass"] + rep["excess_in_nucleus"])
+
+
+def test_theory_model_pair(model_dirs):
+    target, draft = model_dirs
+    r = run_cli(
+        "theory", "--prompt", "w1 w2", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "6"
+    )
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert len(rep["positions"]) >= 1
+    for pos in rep["positions"]:
+        assert pos["total_variation"] == pytest.approx(pos["excess_in_nucleus"], abs=1e-6)
+        assert pos["excess_in_nucleus"] <= pos["rejection_mass"] + 1e-9
+
+
+def test_theory_bad_input():
+    r = run_cli("theory", "--p", "0.5,x", "--q", "0.5,0.5")
+    assert r.returncode == 2 and "comma-separated" in r.stderr

@@ -1,0 +1,135 @@
+"""Engine: greedy equivalence, full acceptance with draft = target, KV rollback, stop/EOS, streaming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relaxspec.acceptance import Exact, Lenience, Nucleus
+from relaxspec.engine import Engine
+from relaxspec.methods import build_engine
+from relaxspec.proposers import DraftModel
+from relaxspec.sampling import SamplingParams
+
+PROMPTS = ["w1", "w2 w3 w4", "w0 w0 w7 w5 w1", "w6 w2 w2 w3 w1 w0 w4 w5 w7"]
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_new_tokens=n, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+def test_greedy_sd_is_token_identical_to_ar(target, draft, k):
+    ar = build_engine("ar", target)
+    sd = build_engine("sd", target, draft, k=k)
+    for prompt in PROMPTS:
+        expected = ar.generate(prompt, greedy(40)).tokens
+        result = sd.generate(prompt, greedy(40))
+        assert result.tokens == expected
+        assert result.stats.verifier_calls < 40  # it really speculated
+        assert result.stats.draft_calls > 0
+
+
+@pytest.mark.parametrize(
+    "method,params", [("sd", {}), ("nsd", {"theta": 0.9}), ("topk", {"accept_k": 3}), ("typical", {})]
+)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_equal_to_target_accepts_every_token(target, method, params, temperature):
+    k = 4
+    engine = build_engine(method, target, target, k=k, **params)
+    n = 5 * (k + 1)
+    result = engine.generate(
+        "w1 w2", SamplingParams(temperature=temperature, max_new_tokens=n, seed=3, ignore_eos=True)
+    )
+    s = result.stats
+    assert s.accepted_tokens == s.proposed_tokens
+    assert s.tau == k + 1
+    assert s.verifier_calls == 5
+    assert s.position_acceptance == [1.0] * k
+
+
+def test_lenience_with_identical_models_accepts_everything(target):
+    engine = Engine(
+        target.model, target.tokenizer, proposer=DraftModel(target.model), rule=Lenience(0.5), k=3
+    )
+    s = engine.generate(
+        "w3", SamplingParams(temperature=1.0, max_new_tokens=12, seed=0, ignore_eos=True)
+    ).stats
+    assert s.tau == 4
+
+
+@pytest.mark.parametrize("rule", [Exact(), Nucleus(0.8)])
+def test_kv_cache_rollback_matches_fresh_forward(target, unrelated_draft, rule):
+    draft = unrelated_draft
+    engine = Engine(target.model, target.tokenizer, proposer=DraftModel(draft.model), rule=rule, k=5)
+    params = SamplingParams(temperature=1.0, max_new_tokens=60, seed=7, ignore_eos=True)
+    result = engine.generate("w1 w5 w2", params)
+    assert result.stats.accepted_tokens < result.stats.proposed_tokens  # there were rejections
+    ids = torch.cat([engine.encode("w1 w5 w2"), torch.tensor([result.tokens])], dim=1)
+    with torch.inference_mode():
+        fresh = target.model(ids).logits[0, -1]
+        lm = engine.verifier.lm
+        assert lm.length == ids.shape[1] - 1
+        cached = lm.forward(ids[:, -1:])[0, -1]
+        assert (cached - fresh).abs().max() < 1e-4
+        # the draft's cache holds only committed tokens too
+        dlm = engine.proposer.lm
+        assert dlm.length <= ids.shape[1] - 1
+        dlm.rollback(dlm.length)
+        fresh_d = draft.model(ids).logits[0, -1]
+        cached_d = dlm.forward(ids[:, dlm.length :])[0, -1]
+        assert (cached_d - fresh_d).abs().max() < 1e-4
+
+
+def test_seed_makes_sampling_reproducible(target, draft):
+    engine = build_engine("nsd", target, draft, k=4, theta=0.9)
+    params = SamplingParams(temperature=1.0, max_new_tokens=30, seed=11, ignore_eos=True)
+    assert engine.generate("w4", params).tokens == engine.generate("w4", params).tokens
+
+
+def test_eos_stops_and_is_not_returned(target, draft):
+    engine = build_engine("sd", target, draft, k=3)
+    for seed in range(20):
+        r = engine.generate("w1", SamplingParams(temperature=1.0, max_new_tokens=80, seed=seed))
+        assert 0 not in r.tokens
+        if r.stats.finish_reason == "eos":
+            break
+    else:
+        pytest.fail("no generation ended with EOS")
+
+
+def test_stop_string_cuts_text_and_tokens(target, draft, tokenizer):
+    engine = build_engine("sd", target, draft, k=4)
+    free = engine.generate("w2 w3", greedy(30))
+    words = free.text.split()
+    stop = " ".join(words[3:5])
+    r = engine.generate("w2 w3", greedy(30, stop=(stop,)))
+    assert r.stats.finish_reason == "stop"
+    assert stop not in r.text and free.text.startswith(r.text)
+    assert stop in tokenizer.decode(r.tokens) and stop not in tokenizer.decode(r.tokens[:-1])
+
+
+def test_streaming_chunks_reassemble_the_text(target, draft):
+    engine = build_engine("nsd", target, draft, k=4, theta=0.9)
+    pieces, ids = [], []
+    r = engine.generate(
+        "w1 w2",
+        SamplingParams(temperature=1.0, max_new_tokens=40, seed=1, ignore_eos=True),
+        on_chunk=lambda text, toks: (pieces.append(text), ids.extend(toks)),
+    )
+    assert "".join(pieces) == r.text
+    assert ids == r.tokens
+    assert len(pieces) > 1
+
+
+def test_stats_are_consistent(target, draft):
+    engine = build_engine("nsd", target, draft, k=6, theta=0.7)
+    s = engine.generate(
+        "w1", SamplingParams(temperature=1.0, max_new_tokens=50, seed=2, ignore_eos=True)
+    ).stats
+    assert s.new_tokens == 50
+    assert s.verifier_calls == s.cycles
+    assert sum(s.position_accepted) == s.accepted_tokens
+    assert s.accepted_by_relaxation <= s.accepted_tokens
+    assert s.total_seconds >= s.draft_seconds + s.verify_seconds
+    assert s.to_dict()["tau"] == pytest.approx(s.tau)
