@@ -93,7 +93,7 @@ def test_missing_and_corrupt_model_dirs(tmp_path):
     with pytest.raises(RelaxSpecError, match="not found"):
         load_model(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(RelaxSpecError, match="config.json"):
+    with pytest.raises(RelaxSpecError, match=r"config\.json"):
         load_model(tmp_path / "empty")
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -3,8 +3,8 @@
 ``tiny_tokenizer(n_words)`` is a word-level tokenizer over ``w0 w1 …`` plus the three special
 tokens of the bundled tokenizer; ``tiny_llama(tokenizer, …)`` a random Llama-style causal LM whose
 output logits are scaled so its next-token distributions are far from uniform (which makes the
-statistical tests decisive). ``perturbed_copy`` makes a draft that partly agrees with it, ``save_tiny_pair`` writes such a
-target/draft pair as model directories.
+statistical tests decisive). ``perturbed_copy`` makes a draft that partly agrees with it;
+``save_tiny_pair`` writes such a target/draft pair as model directories.
 """
 
 from __future__ import annotations
