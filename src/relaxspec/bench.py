@@ -22,7 +22,7 @@ import torch
 from relaxspec.datasets import Example, load_examples
 from relaxspec.engine import GenerationStats
 from relaxspec.errors import RelaxSpecError
-from relaxspec.methods import METHODS, build_engine, resolve_params
+from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
 from relaxspec.models import LoadedModel, load_model
 from relaxspec.sampling import SamplingParams
 
@@ -76,7 +76,7 @@ class Row:
 
 
 def _method_params(method: str, config: BenchConfig) -> dict[str, Any]:
-    spec = METHODS[method].params
+    spec = get_method(method).params
     wanted = {"k": config.k, "theta": config.theta}
     return {name: value for name, value in wanted.items() if name in spec}
 
@@ -228,12 +228,13 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
         temperature=config.temperature, max_new_tokens=config.max_new_tokens, seed=config.seed
     )
     target = load_model(config.target)
-    needs_draft = any(METHODS[m].needs_draft for m in methods) or config.peers
+    needs_draft = any("draft" in get_method(m).needs for m in methods) or config.peers
     draft = load_model(config.draft) if needs_draft and config.draft else None
+    models = ModelSet(target=target, draft=draft)
 
     runners: dict[str, Callable[[Example], Record]] = {}
     for m in methods:
-        engine = build_engine(m, target, draft, **_method_params(m, config))
+        engine = build_engine(m, models, **_method_params(m, config))
         label = m + "".join(f" {k}={v}" for k, v in _method_params(m, config).items())
         runners[label] = _engine_runner(engine, params)
     if config.peers:
@@ -244,7 +245,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     warm = Example("warmup", examples[0].prompt)
     warm_params = SamplingParams(**{**asdict(params), "max_new_tokens": config.warmup_tokens})
     for m in methods:
-        _engine_runner(build_engine(m, target, draft, **_method_params(m, config)), warm_params)(warm)
+        _engine_runner(build_engine(m, models, **_method_params(m, config)), warm_params)(warm)
     for name, run in runners.items():
         if name.startswith("hf-"):
             run(warm)

@@ -56,16 +56,6 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _load_pair(method: str, target: Path | None, draft: Path | None):
-    from relaxspec.methods import METHODS, resolve_params
-    from relaxspec.models import load_model
-
-    resolve_params(method, {})  # unknown method -> clear error before loading anything
-    t = load_model(_model_dir(target, "target"))
-    d = load_model(_model_dir(draft, "draft")) if METHODS[method].needs_draft else None
-    return t, d
-
-
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="prompt text")],
@@ -91,7 +81,7 @@ def generate(
     ] = False,
 ) -> None:
     """Generate a continuation of PROMPT, streaming text (or one JSON object with --json)."""
-    from relaxspec.methods import build_engine
+    from relaxspec.methods import build_engine, load_models, resolve_params
     from relaxspec.sampling import SamplingParams
 
     params = SamplingParams(
@@ -103,11 +93,8 @@ def generate(
         stop=tuple(stop or ()),
     )
     method_params = _method_params(k=k, theta=theta, accept_k=accept_k, epsilon=epsilon, delta=delta, ell=ell)
-    from relaxspec.methods import resolve_params
-
-    resolve_params(method, method_params)
-    t, d = _load_pair(method, target, draft)
-    engine = build_engine(method, t, d, **method_params)
+    resolve_params(method, method_params)  # bad method or parameter: fail before loading models
+    engine = build_engine(method, load_models(method, {"target": target, "draft": draft}), **method_params)
     if as_json:
         result = engine.generate(prompt, params)
         print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))

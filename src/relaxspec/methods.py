@@ -1,81 +1,167 @@
-"""Named method presets (DESIGN §4): a method is a (proposer, rule, scheduler) combination.
+"""Named method presets (DESIGN §4): a method is a (proposer, verifier, rule, scheduler) combination.
 
 ``build_engine("nsd", target, draft, theta=0.9, k=8)`` returns a ready :class:`Engine`. Each
-preset declares its parameters with defaults, so unknown names and bad values fail with one clear
-message, and the CLI, the benchmark and the server all build engines through this one function.
-Users who want another combination build an :class:`Engine` from the parts directly.
+preset declares the models it needs and its parameters with defaults, so unknown names and bad
+values fail with one clear message, and the CLI, the benchmark and the server all build engines
+through this one function. Users who want another combination build an :class:`Engine` from the
+parts directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from relaxspec.acceptance import Exact, Greedy, Lenience, Nucleus, Rule, TopK, Typical
 from relaxspec.engine import Engine
 from relaxspec.errors import RelaxSpecError
-from relaxspec.models import LoadedModel, check_compatible, check_same_tokenizer
+from relaxspec.models import LoadedModel, bundled, check_compatible, check_same_tokenizer, load_model
 from relaxspec.proposers.draft_model import DraftModel
+
+MODEL_ROLES = ("target", "draft", "block", "diffusion", "survival")
+
+
+@dataclass
+class ModelSet:
+    """The models a method may use, by role; ``require`` gives a clear error for a missing one."""
+
+    target: LoadedModel | None = None
+    draft: LoadedModel | None = None
+    block: LoadedModel | None = None
+    diffusion: Any = None
+    survival: Any = None
+
+    def require(self, role: str, method: str) -> Any:
+        model = getattr(self, role)
+        if model is None:
+            raise RelaxSpecError(f"method {method!r} needs a {role} model")
+        return model
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A preset: its parameters (name -> default) and how its rules are made from them."""
+    """A preset: the models it needs, its parameters (name -> default), and its builder."""
 
     name: str
     summary: str
-    params: dict[str, Any] = field(default_factory=dict)
-    needs_draft: bool = True
-    rules: Callable[[dict[str, Any]], tuple[Rule | None, Rule | None]] = lambda p: (None, None)
+    needs: tuple[str, ...]
+    params: dict[str, Any]
+    build: Callable[[ModelSet, dict[str, Any]], Engine]
+    validate: Callable[[dict[str, Any]], None] = field(default=lambda p: None)
 
 
-DRAFT_PARAMS = {"k": 8}
+METHODS: dict[str, MethodSpec] = {}
 
-METHODS: dict[str, MethodSpec] = {
-    "ar": MethodSpec("ar", "autoregressive decoding with the target (the baseline)", {}, needs_draft=False),
-    "sd": MethodSpec(
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Add a preset (proposer modules register theirs on import)."""
+    METHODS[spec.name] = spec
+    return spec
+
+
+def _check_k(params: dict[str, Any], name: str = "k", what: str = "draft length") -> None:
+    k = params.get(name)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise RelaxSpecError(f"{name} ({what}) must be an integer >= 1, got {k!r}")
+
+
+def draft_model_method(
+    name: str,
+    summary: str,
+    params: dict[str, Any],
+    rules: Callable[[dict[str, Any]], tuple[Rule | None, Rule | None]],
+) -> MethodSpec:
+    """A classic SD-style preset: DraftModel proposer, target verifier, (sampling, greedy) rules."""
+
+    def validate(p: dict[str, Any]) -> None:
+        _check_k(p)
+        rules(p)  # constructing the rules validates θ, ℓ, ε, δ, ...
+
+    def build(models: ModelSet, p: dict[str, Any]) -> Engine:
+        target, draft = models.require("target", name), models.require("draft", name)
+        check_compatible(target.model, draft.model, "draft")
+        check_same_tokenizer(target.tokenizer, draft.tokenizer, "draft")
+        rule, greedy_rule = rules(p)
+        return Engine(
+            target.model,
+            target.tokenizer,
+            proposer=DraftModel(draft.model),
+            rule=rule,
+            greedy_rule=greedy_rule,
+            k=p["k"],
+        )
+
+    return MethodSpec(name, summary, ("target", "draft"), {"k": 8, **params}, build, validate)
+
+
+register(
+    MethodSpec(
+        "ar",
+        "autoregressive decoding with the target (the baseline)",
+        ("target",),
+        {},
+        lambda models, p: Engine(
+            models.require("target", "ar").model, models.require("target", "ar").tokenizer
+        ),
+    )
+)
+register(
+    draft_model_method(
         "sd",
         "speculative decoding, exact (Leviathan/Chen); greedy: argmax match",
-        dict(DRAFT_PARAMS),
-        rules=lambda p: (Exact(), Greedy()),
-    ),
-    "nsd": MethodSpec(
+        {},
+        lambda p: (Exact(), Greedy()),
+    )
+)
+register(
+    draft_model_method(
         "nsd",
         "Nucleus Speculative Decoding: also accept drafts in the target's θ-nucleus",
-        {**DRAFT_PARAMS, "theta": 0.95},
-        rules=lambda p: (Nucleus(p["theta"]), Nucleus(p["theta"], greedy=True)),
-    ),
-    "topk": MethodSpec(
+        {"theta": 0.95},
+        lambda p: (Nucleus(p["theta"]), Nucleus(p["theta"], greedy=True)),
+    )
+)
+register(
+    draft_model_method(
         "topk",
         "also accept drafts among the target's top accept_k tokens",
-        {**DRAFT_PARAMS, "accept_k": 2},
-        rules=lambda p: (TopK(p["accept_k"]), TopK(p["accept_k"], greedy=True)),
-    ),
-    "typical": MethodSpec(
+        {"accept_k": 2},
+        lambda p: (TopK(p["accept_k"]), TopK(p["accept_k"], greedy=True)),
+    )
+)
+register(
+    draft_model_method(
         "typical",
         "typical acceptance (Medusa): also accept p(x) ≥ min(ε, δ·exp(−H(p)))",
-        {**DRAFT_PARAMS, "epsilon": 0.09, "delta": 0.3},
-        rules=lambda p: (Typical(p["epsilon"], p["delta"]), Typical(p["epsilon"], p["delta"], greedy=True)),
-    ),
-    "lenience": MethodSpec(
+        {"epsilon": 0.09, "delta": 0.3},
+        lambda p: (Typical(p["epsilon"], p["delta"]), Typical(p["epsilon"], p["delta"], greedy=True)),
+    )
+)
+register(
+    draft_model_method(
         "lenience",
         "lenient acceptance min(1, p/(ℓq)); sampling only",
-        {**DRAFT_PARAMS, "ell": 0.5},
-        rules=lambda p: (Lenience(p["ell"]), None),
-    ),
-}
+        {"ell": 0.5},
+        lambda p: (Lenience(p["ell"]), None),
+    )
+)
 
 
 def method_names() -> list[str]:
     return list(METHODS)
 
 
-def resolve_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Defaults of ``method`` overridden by ``params``; unknown names are an error."""
+def get_method(method: str) -> MethodSpec:
     if method not in METHODS:
         raise RelaxSpecError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    spec = METHODS[method]
+    return METHODS[method]
+
+
+def resolve_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Defaults of ``method`` overridden by ``params``, validated; unknown names are an error."""
+    spec = get_method(method)
     unknown = sorted(set(params) - set(spec.params))
     if unknown:
         allowed = ", ".join(spec.params) or "none"
@@ -83,30 +169,39 @@ def resolve_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
             f"method {method!r} has no parameter {', '.join(unknown)} (parameters: {allowed})"
         )
     resolved = {**spec.params, **params}
-    if "k" in resolved and (
-        not isinstance(resolved["k"], int) or isinstance(resolved["k"], bool) or resolved["k"] < 1
-    ):
-        raise RelaxSpecError(f"k (draft length) must be an integer >= 1, got {resolved['k']!r}")
-    spec.rules(resolved)  # constructing the rules validates their parameters (θ, ℓ, ε, δ, ...)
+    spec.validate(resolved)
     return resolved
 
 
-def build_engine(method: str, target: LoadedModel, draft: LoadedModel | None = None, **params: Any) -> Engine:
-    """An :class:`Engine` for a named method on a target (and draft) model."""
+def build_engine(
+    method: str, target: LoadedModel | ModelSet, draft: LoadedModel | None = None, **params: Any
+) -> Engine:
+    """An :class:`Engine` for a named method; ``target`` may be a :class:`ModelSet` of all roles."""
     resolved = resolve_params(method, params)
-    spec = METHODS[method]
-    rule, greedy_rule = spec.rules(resolved)  # validates the rule parameters
-    if not spec.needs_draft:
-        return Engine(target.model, target.tokenizer)
-    if draft is None:
-        raise RelaxSpecError(f"method {method!r} needs a draft model")
-    check_compatible(target.model, draft.model, "draft")
-    check_same_tokenizer(target.tokenizer, draft.tokenizer, "draft")
-    return Engine(
-        target.model,
-        target.tokenizer,
-        proposer=DraftModel(draft.model),
-        rule=rule,
-        greedy_rule=greedy_rule,
-        k=resolved["k"],
-    )
+    models = target if isinstance(target, ModelSet) else ModelSet(target=target, draft=draft)
+    return get_method(method).build(models, resolved)
+
+
+# How a model of each role is loaded from a directory (proposer modules add their own roles).
+ROLE_LOADERS: dict[str, Callable[[Path], Any]] = {
+    "target": load_model,
+    "draft": load_model,
+    "block": load_model,
+}
+
+
+def load_models(method: str, paths: dict[str, str | Path | None] | None = None) -> ModelSet:
+    """Load the models ``method`` needs: from ``paths[role]`` or the bundled ``models/<role>``."""
+    spec = get_method(method)
+    paths = paths or {}
+    models = ModelSet()
+    for role in spec.needs:
+        path = paths.get(role)
+        if path is None:
+            path = bundled(role)
+            if not path.exists():
+                raise RelaxSpecError(
+                    f"method {method!r} needs a {role} model: pass --{role} DIR (no bundled model at {path})"
+                )
+        setattr(models, role, ROLE_LOADERS[role](Path(path)))
+    return models
