@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from relaxspec.acceptance import Greedy, Rule, verify
+from relaxspec.acceptance import Greedy, Rule, Verdict, verify
 from relaxspec.errors import RelaxSpecError
 from relaxspec.proposers.base import Proposal, Proposer
 from relaxspec.sampling import SamplingParams
@@ -30,6 +30,27 @@ from relaxspec.schedulers import Scheduler, SchedulerState, Strict
 from relaxspec.verifier import Verifier
 
 ChunkCallback = Callable[[str, list[int]], None]  # (new text, new token ids) per committed chunk
+
+
+@dataclass
+class CycleRecord:
+    """What happened in one cycle, for diagnostics (``Engine.generate(on_cycle=...)``).
+
+    position: committed length n before the cycle; proposal: the draft (None for an AR step);
+    skipped: tokens committed without verification (0 = verified); target_probs: ``p_1..p_{K+1}``
+    ``[1, K+1, V]`` when verified; verdict: the rule's decision (None for AR and skipped rounds);
+    chunk: the tokens committed (before EOS / budget / stop-string cuts).
+    """
+
+    position: int
+    proposal: Proposal | None
+    skipped: int
+    target_probs: torch.Tensor | None
+    verdict: Verdict | None
+    chunk: list[int]
+
+
+CycleCallback = Callable[[CycleRecord], None]
 
 
 @dataclass
@@ -259,8 +280,13 @@ class Engine:
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         on_chunk: ChunkCallback | None = None,
+        on_cycle: CycleCallback | None = None,
     ) -> GenerationResult:
-        """Generate a continuation of ``prompt``; ``on_chunk`` streams each committed chunk."""
+        """Generate a continuation of ``prompt``.
+
+        ``on_chunk(text, token_ids)`` streams each committed chunk; ``on_cycle(record)`` receives
+        a :class:`CycleRecord` per cycle (diagnostics; its cost counts as "other" time).
+        """
         params = params or SamplingParams()
         rule = self._rule_for(params) if self.proposer is not None else None
         ids = self.encode(prompt)
@@ -287,6 +313,8 @@ class Engine:
             k = min(self.k, remaining - 1) if self.proposer is not None else 0
             proposal: Proposal | None = None
             skip = 0
+            target_probs: torch.Tensor | None = None
+            verdict: Verdict | None = None
             if k > 0:
                 t0 = _now(device)
                 proposal = self.proposer.propose(ids, k, params, generator)
@@ -323,6 +351,17 @@ class Engine:
                 state.unverified_run = 0
             state.rounds += 1
             stats.cycles += 1
+            if on_cycle is not None:
+                on_cycle(
+                    CycleRecord(
+                        ids.shape[1],
+                        proposal,
+                        skip if proposal is not None else 0,
+                        target_probs,
+                        verdict,
+                        list(chunk),
+                    )
+                )
 
             # Commit: cut at EOS, the token budget and stop strings.
             for j, token in enumerate(chunk):
