@@ -209,6 +209,22 @@ def train_ar_cmd(
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 
 
+@train_app.command("export")
+def train_export_cmd(
+    config: Annotated[str, typer.Option(help="model preset of the run")] = "target",
+    run_dir: Annotated[Path | None, typer.Option(help="run directory (default runs/<config>)")] = None,
+    tokenizer: Path = Path("models/tokenizer"),
+    out: Annotated[Path | None, typer.Option(help="model dir (default models/<config>)")] = None,
+) -> None:
+    """Export the newest checkpoint of a (possibly unfinished) run as a bf16 model directory."""
+    from relaxspec.train.ar import export_checkpoint
+
+    path = export_checkpoint(
+        run_dir or Path("runs") / config, config, tokenizer, out or Path("models") / config
+    )
+    print(f"exported to {path}")
+
+
 @app.command("bench")
 def bench_cmd(
     methods: Annotated[str, typer.Option(help="comma-separated methods")] = "ar,sd,nsd",

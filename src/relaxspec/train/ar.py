@@ -112,6 +112,55 @@ def export_model(
     return out
 
 
+def export_checkpoint(
+    run_dir: str | Path, preset_name: str, tokenizer_dir: str | Path, out_dir: str | Path
+) -> Path:
+    """Export the newest checkpoint of a run (possibly unfinished) as a bf16 model directory.
+
+    The ``training.json`` record says which step it is, so a partially trained export is never
+    mistaken for a finished one.
+    """
+    from safetensors.torch import load_file
+
+    from relaxspec.train.loop import latest_checkpoint
+
+    if preset_name not in PRESETS:
+        raise RelaxSpecError(f"unknown model config {preset_name!r}; choose from {sorted(PRESETS)}")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise RelaxSpecError(f"no checkpoint in {run_dir}")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    model = LlamaForCausalLM(llama_config(PRESETS[preset_name], tokenizer))
+    try:
+        state = load_file(str(ckpt / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:  # the tied head is not stored
+            raise ValueError(f"missing {missing}, unexpected {unexpected}")
+    except Exception as err:
+        raise RelaxSpecError(f"corrupt checkpoint {ckpt}: {err}") from None
+    model.tie_weights()
+    trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
+    run = (
+        json.loads((Path(run_dir) / "run.json").read_text()) if (Path(run_dir) / "run.json").is_file() else {}
+    )
+    config = json.loads((ckpt / "train_config.json").read_text())
+    return export_model(
+        model,
+        tokenizer,
+        out_dir,
+        extra={
+            **run,
+            "train_config": config,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "checkpoint_step": trainer_state["step"],
+            "complete": trainer_state["step"] >= config["steps"],
+            "tokens_seen": trainer_state["tokens_seen"],
+            "wall_seconds": trainer_state["elapsed_seconds"],
+            "history": trainer_state["history"],
+        },
+    )
+
+
 def train_ar(
     preset_name: str,
     corpus_dir: str | Path,
@@ -175,6 +224,8 @@ def train_ar(
                 **record,
                 "train_config": asdict(config),
                 "parameters": n_params,
+                "checkpoint_step": state.step,
+                "complete": True,
                 "tokens_seen": state.tokens_seen,
                 "wall_seconds": state.elapsed_seconds,
                 "history": state.history,
