@@ -39,7 +39,9 @@ class CycleRecord:
     position: committed length n before the cycle; proposal: the draft (None for an AR step);
     skipped: tokens committed without verification (0 = verified); target_probs: ``p_1..p_{K+1}``
     ``[1, K+1, V]`` when verified; verdict: the rule's decision (None for AR and skipped rounds);
-    chunk: the tokens committed (before EOS / budget / stop-string cuts).
+    chunk: the tokens committed (before EOS / budget / stop-string cuts); strict_accepted: on a
+    skipped round audited by a shadow verifier, the prefix length ``L_b`` the rule would have
+    accepted from the same draft (else None).
     """
 
     position: int
@@ -48,6 +50,7 @@ class CycleRecord:
     target_probs: torch.Tensor | None
     verdict: Verdict | None
     chunk: list[int]
+    strict_accepted: int | None = None
 
 
 CycleCallback = Callable[[CycleRecord], None]
@@ -61,6 +64,11 @@ class GenerationStats:
     and how often it was accepted (vLLM's per-position acceptance). ``accepted_by_relaxation``:
     accepted draft tokens beyond the prefix the ``Exact`` rule would have accepted under the same
     uniforms (greedy rules: beyond the argmax-matching prefix) — the tokens a relaxed rule gains.
+
+    Shadow audit of skipped rounds (VS paper §3; ``Engine(shadow=...)``): ``shadow_rounds`` skipped
+    rounds audited, ``shadow_agreed_tokens`` = Σ min(K_b, L_b) and ``shadow_full_prefix`` = #{L_b ≥ K_b}
+    over them (K_b committed unverified, L_b what strict verification accepts). ``shadow_seconds``
+    is excluded from ``total_seconds`` and the shadow's calls from ``verifier_calls``.
     """
 
     prompt_tokens: int = 0
@@ -73,11 +81,15 @@ class GenerationStats:
     accepted_by_relaxation: int = 0
     skipped_rounds: int = 0
     skipped_tokens: int = 0
+    shadow_rounds: int = 0
+    shadow_agreed_tokens: int = 0
+    shadow_full_prefix: int = 0
     position_proposed: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
+    shadow_seconds: float = 0.0
     finish_reason: str = ""
 
     @property
@@ -88,6 +100,22 @@ class GenerationStats:
     @property
     def other_seconds(self) -> float:
         return max(0.0, self.total_seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def strict_agreement(self) -> float | None:
+        """Share of committed draft tokens strict verification accepts (None: unaudited skips)."""
+        if self.shadow_rounds < self.skipped_rounds:
+            return None
+        committed = self.accepted_tokens + self.skipped_tokens
+        return (self.accepted_tokens + self.shadow_agreed_tokens) / committed if committed else 1.0
+
+    @property
+    def full_prefix_acceptance(self) -> float | None:
+        """Share of rounds whose whole committed prefix strict verification accepts (None: unaudited)."""
+        if self.shadow_rounds < self.skipped_rounds:
+            return None
+        verified = self.cycles - self.skipped_rounds
+        return (verified + self.shadow_full_prefix) / self.cycles if self.cycles else 1.0
 
     @property
     def position_acceptance(self) -> list[float]:
@@ -119,9 +147,13 @@ class GenerationStats:
             "accepted_by_relaxation",
             "skipped_rounds",
             "skipped_tokens",
+            "shadow_rounds",
+            "shadow_agreed_tokens",
+            "shadow_full_prefix",
             "draft_seconds",
             "verify_seconds",
             "total_seconds",
+            "shadow_seconds",
         ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         n = max(len(self.position_proposed), len(other.position_proposed))
@@ -136,7 +168,13 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(tau=self.tau, other_seconds=self.other_seconds, position_acceptance=self.position_acceptance)
+        d.update(
+            tau=self.tau,
+            other_seconds=self.other_seconds,
+            position_acceptance=self.position_acceptance,
+            strict_agreement=self.strict_agreement,
+            full_prefix_acceptance=self.full_prefix_acceptance,
+        )
         return d
 
 
@@ -209,7 +247,10 @@ class Engine:
     """Compose a proposer, an acceptance rule and a scheduler around a verifier model.
 
     ``rule`` is used when the request samples (temperature > 0) and ``greedy_rule`` when it is
-    greedy (temperature 0); with no proposer the engine decodes autoregressively.
+    greedy (temperature 0); with no proposer the engine decodes autoregressively. ``shadow`` (a
+    model, normally the target) audits skipped rounds: it computes the prefix the rule would have
+    accepted (stats ``shadow_*``, ``CycleRecord.strict_accepted``) without affecting the output,
+    the timings or the verifier call count.
     """
 
     def __init__(
@@ -222,6 +263,7 @@ class Engine:
         scheduler: Scheduler | None = None,
         k: int = 8,
         eos_token_ids: Sequence[int] | None = None,
+        shadow: PreTrainedModel | None = None,
     ) -> None:
         if not isinstance(k, int) or k < 1:
             raise RelaxSpecError(f"k (draft length) must be an integer >= 1, got {k!r}")
@@ -234,6 +276,7 @@ class Engine:
         self.greedy_rule = greedy_rule if greedy_rule is not None else (Greedy() if rule is None else None)
         self.scheduler = scheduler or Strict()
         self.k = k
+        self.shadow = Verifier(shadow, name="shadow verifier") if shadow is not None else None
         if eos_token_ids is None:
             eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
             eos_token_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
@@ -302,8 +345,11 @@ class Engine:
         draft_calls_before = self.proposer.calls if self.proposer is not None else 0
         verify_calls_before = self.verifier.calls
 
+        shadow_generator = torch.Generator(device="cpu").manual_seed(int(generator.initial_seed()) ^ 0x5AD0)
         started = _now(device)
         self.verifier.start(ids)
+        if self.shadow is not None:
+            self.shadow.start(ids)
         if self.proposer is not None:
             self.proposer.start(ids)
         finish = "length"
@@ -315,6 +361,7 @@ class Engine:
             skip = 0
             target_probs: torch.Tensor | None = None
             verdict: Verdict | None = None
+            strict_accepted: int | None = None
             if k > 0:
                 t0 = _now(device)
                 proposal = self.proposer.propose(ids, k, params, generator)
@@ -325,6 +372,14 @@ class Engine:
                 stats.skipped_rounds += 1
                 stats.skipped_tokens += skip
                 state.unverified_run += skip
+                if self.shadow is not None:
+                    assert rule is not None
+                    t0 = _now(device)
+                    strict_accepted = self._audit(ids, proposal, rule, params, shadow_generator)
+                    stats.shadow_seconds += _now(device) - t0
+                    stats.shadow_rounds += 1
+                    stats.shadow_agreed_tokens += min(skip, strict_accepted)
+                    stats.shadow_full_prefix += int(strict_accepted >= skip)
             else:
                 draft = proposal.tokens if proposal is not None else empty
                 t0 = _now(device)
@@ -335,10 +390,7 @@ class Engine:
                     chunk = [next_token]
                 else:
                     assert rule is not None
-                    draft_probs = proposal.probs if rule.needs_draft_probs else None
-                    if rule.needs_draft_probs and not rule.needs_full_draft_probs:
-                        draft_probs = proposal.confidence
-                    verdict = verify(rule, draft, draft_probs, target_probs, generator)
+                    verdict = verify(rule, draft, _draft_probs(rule, proposal), target_probs, generator)
                     accepted = int(verdict.accepted[0])
                     chunk = draft[0, :accepted].tolist()
                     if int(verdict.next_token[0]) >= 0:
@@ -360,6 +412,7 @@ class Engine:
                         target_probs,
                         verdict,
                         list(chunk),
+                        strict_accepted,
                     )
                 )
 
@@ -383,7 +436,7 @@ class Engine:
             if self.proposer is not None:
                 self.proposer.rollback(ids.shape[1] - 1)
 
-        stats.total_seconds = _now(device) - started
+        stats.total_seconds = _now(device) - started - stats.shadow_seconds
         stats.new_tokens = generated
         stats.verifier_calls = self.verifier.calls - verify_calls_before
         stats.draft_calls = (self.proposer.calls - draft_calls_before) if self.proposer is not None else 0
@@ -393,6 +446,32 @@ class Engine:
             if tail:
                 on_chunk(tail, [])
         return GenerationResult(text=text.text, tokens=text.tokens, stats=stats)
+
+
+    def _audit(
+        self,
+        ids: torch.Tensor,
+        proposal: Proposal,
+        rule: Rule,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> int:
+        """Shadow verification of a skipped round: the prefix length ``L_b`` ``rule`` accepts.
+
+        Uses its own cache and generator, so the audited generation is unchanged.
+        """
+        assert self.shadow is not None
+        target_probs = self.shadow.score(ids, proposal.tokens, params)
+        self.shadow.rollback(ids.shape[1])
+        verdict = verify(rule, proposal.tokens, _draft_probs(rule, proposal), target_probs, generator)
+        return int(verdict.accepted[0])
+
+
+def _draft_probs(rule: Rule, proposal: Proposal) -> torch.Tensor | None:
+    """What :func:`verify` needs of the proposal: ``q[1, K, V]``, ``q(d)[1, K]`` (Gate) or None."""
+    if not rule.needs_draft_probs:
+        return None
+    return proposal.probs if rule.needs_full_draft_probs else proposal.confidence
 
 
 def _ar_token(p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
