@@ -234,15 +234,28 @@ class Exact(AcceptanceRule):
 
 @dataclass(frozen=True)
 class Lenience(AcceptanceRule):
-    """Lenient acceptance, ``h = min(1, p/(ℓq))``, ``ℓ ∈ (0, 1]``; ``ℓ = 1`` is :class:`Exact`."""
+    """Lenient acceptance, ``h = min(1, p/(ℓq))``, ``ℓ ∈ (0, 1]``; ``ℓ = 1`` is :class:`Exact`.
+
+    ``greedy=True`` is the deterministic (temperature-0) variant used by the VS paper's lenience
+    baseline under greedy decoding: accept ``x`` iff ``p(x) ≥ ℓ·max p`` (tokens within a factor ℓ
+    of the target's mode; ``ℓ = 1`` accepts exactly the argmax ties, i.e. :class:`Greedy`);
+    recovered and bonus tokens are ``argmax p``. The sampling rule is unchanged by this flag.
+    """
 
     ell: float
+    greedy: bool = False
 
     def __post_init__(self) -> None:
         _check_unit_interval(self.ell, "ell")
+        require(isinstance(self.greedy, bool), f"greedy must be a bool, got {self.greedy!r}")
 
     def _leniency(self) -> float:
         return float(self.ell)
+
+    def relaxed_set(self, p: Tensor) -> Tensor | None:
+        if not self.greedy:
+            return None
+        return (p >= float(self.ell) * p.amax(dim=-1, keepdim=True)) & (p > 0)
 
 
 @dataclass(frozen=True)
