@@ -38,3 +38,11 @@ def model_dirs(tmp_path_factory):
 def unrelated_draft(tokenizer) -> LoadedModel:
     """A draft that disagrees with the target most of the time (many rejections)."""
     return LoadedModel(tiny_llama(len(tokenizer), seed=1, layers=1, logit_scale=4.0), tokenizer, None)
+
+
+@pytest.fixture(scope="session")
+def block(tokenizer) -> LoadedModel:
+    """A tiny MARS block proposer (trained block size 6), trained ~2 s on a counting language."""
+    from relaxspec.testing import tiny_block_proposer
+
+    return LoadedModel(tiny_block_proposer(tokenizer, block_size=6), tokenizer, None)

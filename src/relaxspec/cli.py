@@ -59,7 +59,9 @@ def _parse_value(text: str) -> Any:
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="prompt text")],
-    method: Annotated[str, typer.Option(help="ar, sd, nsd, topk, typical, lenience")] = "nsd",
+    method: Annotated[
+        str, typer.Option(help="ar, sd, nsd, topk, typical, lenience, mars, prove, prove-lossless")
+    ] = "nsd",
     k: Annotated[int | None, typer.Option(help="draft length K")] = None,
     theta: Annotated[float | None, typer.Option(help="nucleus threshold θ (nsd)")] = None,
     accept_k: Annotated[
@@ -68,6 +70,10 @@ def generate(
     epsilon: Annotated[float | None, typer.Option(help="typical acceptance ε")] = None,
     delta: Annotated[float | None, typer.Option(help="typical acceptance δ")] = None,
     ell: Annotated[float | None, typer.Option(help="lenience ℓ")] = None,
+    block_size: Annotated[
+        int | None, typer.Option(help="tokens per block proposal (mars, prove, prove-lossless)")
+    ] = None,
+    tau: Annotated[float | None, typer.Option(help="confidence threshold τ (mars)")] = None,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -76,6 +82,9 @@ def generate(
     stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable)")] = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
+    block: Annotated[
+        Path | None, typer.Option(help="block proposer directory (default: bundled models/block)")
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="print one JSON object instead of streaming")
     ] = False,
@@ -92,9 +101,19 @@ def generate(
         max_new_tokens=max_new_tokens,
         stop=tuple(stop or ()),
     )
-    method_params = _method_params(k=k, theta=theta, accept_k=accept_k, epsilon=epsilon, delta=delta, ell=ell)
+    method_params = _method_params(
+        k=k,
+        theta=theta,
+        accept_k=accept_k,
+        epsilon=epsilon,
+        delta=delta,
+        ell=ell,
+        block_size=block_size,
+        tau=tau,
+    )
     resolve_params(method, method_params)  # bad method or parameter: fail before loading models
-    engine = build_engine(method, load_models(method, {"target": target, "draft": draft}), **method_params)
+    paths = {"target": target, "draft": draft, "block": block}
+    engine = build_engine(method, load_models(method, paths), **method_params)
     if as_json:
         result = engine.generate(prompt, params)
         print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
@@ -223,6 +242,69 @@ def train_export_cmd(
         run_dir or Path("runs") / config, config, tokenizer, out or Path("models") / config
     )
     print(f"exported to {path}")
+
+
+def _training_overrides(items: list[str] | None, **given: Any) -> dict[str, Any]:
+    """``--set name=value`` items plus the explicitly given options (None = not given)."""
+    overrides: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise RelaxSpecError(f"--set expects name=value, got {item!r}")
+        name, value = item.split("=", 1)
+        overrides[name] = _parse_value(value)
+    overrides.update({k: v for k, v in given.items() if v is not None})
+    return overrides
+
+
+@train_app.command("block")
+def train_block_cmd(
+    base: Annotated[
+        Path | None, typer.Option(help="causal LM to fine-tune (default: bundled models/target)")
+    ] = None,
+    corpus: Path = Path("data/corpus"),
+    block_size: Annotated[int, typer.Option(help="block size B the proposer learns")] = 16,
+    run_dir: Annotated[Path, typer.Option(help="checkpoints (resumed if present)")] = Path("runs/block"),
+    export: Annotated[Path, typer.Option(help="final model directory")] = Path("models/block"),
+    steps: int | None = None,
+    batch_size: int | None = None,
+    seq_len: Annotated[int | None, typer.Option(help="window length L (fed as 2L)")] = None,
+    lr: float | None = None,
+    max_minutes: Annotated[
+        float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="training option override name=value")
+    ] = None,
+) -> None:
+    """Fine-tune a causal LM into a MARS block proposer (ProVe §2) and export it with a model card."""
+    from relaxspec.train.block import train_block
+
+    overrides = _training_overrides(
+        set_, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, max_minutes=max_minutes
+    )
+    _, state = train_block(
+        _model_dir(base, "target"), corpus, run_dir, export, block_size=block_size, overrides=overrides
+    )
+    print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
+
+
+@train_app.command("block-card")
+def train_block_card_cmd(
+    model: Annotated[Path, typer.Option(help="exported block proposer")] = Path("models/block"),
+    metrics: Annotated[Path | None, typer.Option(help="JSON file of metrics to record")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="metric name=value")] = None,
+) -> None:
+    """(Re)write a block proposer's model card, recording decoding metrics measured later."""
+    from relaxspec.train.block import write_model_card
+
+    values: dict[str, Any] = {}
+    if metrics is not None:
+        try:
+            values.update(json.loads(metrics.read_text()))
+        except (OSError, json.JSONDecodeError) as err:
+            raise RelaxSpecError(f"cannot read metrics from {metrics}: {err}") from None
+    values.update(_training_overrides(set_))
+    print(f"wrote {write_model_card(model, values)}")
 
 
 @app.command("bench")

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relaxspec.acceptance import Exact, Greedy, Lenience, Nucleus, Rule, TopK, Typical
+from relaxspec.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
 from relaxspec.engine import Engine
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import LoadedModel, bundled, check_compatible, check_same_tokenizer, load_model
+from relaxspec.proposers.block import BlockProposer
 from relaxspec.proposers.draft_model import DraftModel
+from relaxspec.schedulers import ConfidenceSkip
 
 MODEL_ROLES = ("target", "draft", "block", "diffusion", "survival")
 
@@ -145,6 +147,89 @@ register(
         "lenient acceptance min(1, p/(ℓq)); sampling only",
         {"ell": 0.5},
         lambda p: (Lenience(p["ell"]), None),
+    )
+)
+
+
+# --- ProVe family (ProVe paper; DESIGN §4): a MARS block proposer with three ways to commit ---------
+
+
+def _block_proposer(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[LoadedModel, BlockProposer]:
+    block = models.require("block", method)
+    return block, BlockProposer.from_pretrained(block.model, block.tokenizer, p["block_size"])
+
+
+def _validate_mars(p: dict[str, Any]) -> None:
+    _check_k(p, "block_size", "tokens per block proposal")
+    ConfidenceSkip(p["tau"], commit_first=True)
+
+
+def _build_mars(models: ModelSet, p: dict[str, Any]) -> Engine:
+    block, proposer = _block_proposer(models, "mars", p)
+    # No verifier: the commit-first scheduler commits >= 1 token every cycle, so the rules are
+    # never consulted (the engine only verifies the last token of a length budget).
+    return Engine(
+        block.model,
+        block.tokenizer,
+        proposer=proposer,
+        rule=Exact(),
+        greedy_rule=Greedy(),
+        scheduler=ConfidenceSkip(p["tau"], commit_first=True),
+        k=p["block_size"],
+    )
+
+
+def _validate_prove(p: dict[str, Any]) -> None:
+    _check_k(p, "block_size", "tokens per block proposal")
+    Gate(p["theta"])
+
+
+def _build_prove(models: ModelSet, p: dict[str, Any]) -> Engine:
+    block, proposer = _block_proposer(models, "prove", p)
+    verifier = models.require("draft", "prove")
+    check_compatible(verifier.model, block.model, "block proposer")
+    check_same_tokenizer(verifier.tokenizer, block.tokenizer, "block proposer")
+    gate = Gate(p["theta"])
+    return Engine(
+        verifier.model, block.tokenizer, proposer=proposer, rule=gate, greedy_rule=gate, k=p["block_size"]
+    )
+
+
+def _build_prove_lossless(models: ModelSet, p: dict[str, Any]) -> Engine:
+    block, proposer = _block_proposer(models, "prove-lossless", p)
+    return Engine(
+        block.model, block.tokenizer, proposer=proposer, rule=Exact(), greedy_rule=Greedy(), k=p["block_size"]
+    )
+
+
+register(
+    MethodSpec(
+        "mars",
+        "MARS: block proposer, commit the first token then left to right while confidence ≥ tau; no verifier",
+        ("block",),
+        {"block_size": 16, "tau": 0.9},
+        _build_mars,
+        _validate_mars,
+    )
+)
+register(
+    MethodSpec(
+        "prove",
+        "ProVe: block proposal read by a small verifier (draft); commit while conf·p_V ≥ theta",
+        ("block", "draft"),
+        {"block_size": 16, "theta": 0.05},
+        _build_prove,
+        _validate_prove,
+    )
+)
+register(
+    MethodSpec(
+        "prove-lossless",
+        "ProVe-lossless: the block proposer verifies itself in AR mode (greedy = AR; sampling exact)",
+        ("block",),
+        {"block_size": 16},
+        _build_prove_lossless,
+        lambda p: _check_k(p, "block_size", "tokens per block proposal"),
     )
 )
 

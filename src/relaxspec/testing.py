@@ -90,3 +90,64 @@ def save_tiny_pair(out_dir: str | Path, n_words: int = 8, context: int = 128) ->
         tokenizer.save_pretrained(path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def counting_windows(n: int, length: int, n_words: int = 8, seed: int = 0) -> torch.Tensor:
+    """``LongTensor[n, length]`` of a toy language: EOS, then ``w_{(s + i·step) mod n_words}``.
+
+    The step (1, 2 or 3) and the start are drawn per window. Word ``wj`` has id ``j + 3`` (see
+    :func:`tiny_tokenizer`); each window starts with EOS (id 0) like the encoded prompts. Every
+    word after the second is determined by the two before it, so a block proposer can learn to
+    predict whole blocks.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, n_words, (n, 1), generator=gen)
+    step = torch.randint(1, 4, (n, 1), generator=gen)
+    words = (start + step * torch.arange(length - 1)) % n_words + 3
+    return torch.cat([torch.zeros(n, 1, dtype=torch.long), words], dim=1)  # documents start with EOS
+
+
+def tiny_block_proposer(
+    tokenizer: PreTrainedTokenizerFast,
+    block_size: int = 4,
+    steps: int = 80,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+) -> LlamaForCausalLM:
+    """A tiny block proposer trained for a few seconds on :func:`counting_windows` (float32, eval).
+
+    Uses the real objective (:func:`relaxspec.train.block.block_loss`) and training loop.
+    """
+    import tempfile
+
+    from relaxspec.train.block import block_loss, prepare_base_model
+    from relaxspec.train.loop import TrainConfig, train
+
+    n_words = len(tokenizer) - 4  # EOS, PAD, MASK, [UNK]
+    model = tiny_llama(len(tokenizer), seed=seed, hidden_size=64, logit_scale=1.0)
+    mask_id = prepare_base_model(model, tokenizer, block_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = TrainConfig(
+            out_dir=str(out_dir or tmp),
+            steps=steps,
+            batch_size=16,
+            seq_len=24,
+            lr=1e-2,
+            warmup=5,
+            weight_decay=0.0,
+            eval_every=10**9,
+            ckpt_every=10**9,
+            seed=seed,
+        )
+        model, _ = train(
+            model,
+            config,
+            batch_fn=lambda step, micro: {"input_ids": counting_windows(16, 24, n_words, seed=step)},
+            loss_fn=lambda m, batch: block_loss(m, batch, block_size, mask_id),
+            resume=False,
+            progress=False,
+        )
+    from accelerate.utils import extract_model_from_parallel
+
+    # the loop returns the model with accelerate's autocast wrapper on forward: remove it
+    return extract_model_from_parallel(model, keep_fp32_wrapper=False).float().eval()
