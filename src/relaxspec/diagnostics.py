@@ -1,0 +1,289 @@
+"""Diagnostics from the papers, computed from the engine's per-cycle records (DESIGN §6).
+
+A :class:`Diagnostic` turns the :class:`~relaxspec.engine.CycleRecord` list of one generation into
+*counters* — a JSON-able dict whose numbers add and whose lists concatenate — so that counters of
+many generations (and of resumed benchmark sessions) merge with :func:`merge_counters`; its
+``finalize`` turns merged counters into the reported summary. Everything here is a pure function
+of its inputs; the benchmark collects records with ``Engine.generate(on_cycle=...)`` and keeps
+only references during the timed loop, so the analysis itself runs outside the timing.
+
+Built in:
+
+- ``rejections`` (NSD §1, §4.4): where do the tokens the strict rule rejects lie in the target
+  distribution — share inside the target nucleus ``N_θ(p)`` and in its top 10; and the tokens a
+  relaxed rule accepted beyond the strict prefix ("extra acceptances"): their rank under ``p``,
+  the share in the nucleus *core* ``N_{core_theta}(p)`` (our reading of the paper's term: the
+  tokens covering the first half of the target's mass), and draft vs target entropy.
+- ``gate_auc`` (ProVe §3.1, Fig. 4; VS App. A.2): AUC of proposer confidence, verifier
+  probability and their product for telling a draft token that matches the verifier's argmax
+  from one that does not, over the positions a sequential gate sees (up to and including the
+  first mismatch of each block).
+
+Other methods register their own (``register_diagnostic``), e.g. a survival-predictor AUROC or the
+VS permutation diagnostic; the benchmark runs every diagnostic that ``applies`` to a method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relaxspec.acceptance import nucleus_mask
+from relaxspec.engine import CycleRecord
+
+Counters = dict[str, Any]
+TOP_RANKS = 10  # rank histogram: 0..9 and "10+"
+
+
+@dataclass
+class Generation:
+    """What a diagnostic sees of one generation: the cycle records and their context.
+
+    ``prompt_ids``: ``LongTensor[1, n]`` as the engine encoded the prompt; ``tokens``: the
+    generated ids; ``models``: the run's :class:`~relaxspec.methods.ModelSet` (for diagnostics that
+    need a reference model, e.g. ProVe's AR-match against the proposer in AR mode).
+    """
+
+    method: str
+    params: dict[str, Any]
+    records: Sequence[CycleRecord]
+    prompt_ids: torch.Tensor | None = None
+    tokens: Sequence[int] = ()
+    models: Any = None
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """``collect(generation) -> counters`` per generation; ``finalize(counters) -> summary``.
+
+    ``applies(method)`` says whether the diagnostic is meaningful for a method preset.
+    """
+
+    name: str
+    collect: Callable[[Generation], Counters]
+    finalize: Callable[[Counters], dict[str, Any]]
+    applies: Callable[[str], bool] = lambda method: method != "ar"
+
+
+DIAGNOSTICS: dict[str, Diagnostic] = {}
+
+
+def register_diagnostic(diagnostic: Diagnostic) -> Diagnostic:
+    DIAGNOSTICS[diagnostic.name] = diagnostic
+    return diagnostic
+
+
+def diagnostics_for(method: str) -> list[Diagnostic]:
+    return [d for d in DIAGNOSTICS.values() if d.applies(method)]
+
+
+def merge_counters(a: Counters, b: Counters) -> Counters:
+    """Numbers add, lists concatenate, dicts merge recursively (keys of either side kept)."""
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict):
+            out[key] = merge_counters(out[key], value)
+        else:
+            out[key] = out[key] + value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers
+
+
+def rank_of(p: torch.Tensor, token: int) -> int:
+    """``rank_p(x) = #{y : p(y) > p(x)}`` (ties share a rank; the top token has rank 0)."""
+    return int((p > p[token]).sum())
+
+
+def entropy(p: torch.Tensor) -> float:
+    """Shannon entropy in nats of a distribution ``p[V]``."""
+    p = p.double()
+    nz = p[p > 0]
+    return float(-(nz * nz.log()).sum())
+
+
+def auc(scores: Sequence[float], labels: Sequence[int | bool]) -> float | None:
+    """Area under the ROC curve (Mann–Whitney U, ties counted half); None if one class is empty."""
+    pos = [s for s, y in zip(scores, labels, strict=True) if y]
+    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
+    if not pos or not neg:
+        return None
+    ordered = sorted((s, i) for i, s in enumerate([*pos, *neg]))
+    ranks = [0.0] * len(ordered)
+    i = 0
+    while i < len(ordered):  # average ranks over ties
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1][0] == ordered[i][0]:
+            j += 1
+        for m in range(i, j + 1):
+            ranks[ordered[m][1]] = (i + j) / 2 + 1
+        i = j + 1
+    u = sum(ranks[: len(pos)]) - len(pos) * (len(pos) + 1) / 2
+    return u / (len(pos) * len(neg))
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _bin(rank: int) -> str:
+    return str(rank) if rank < TOP_RANKS else f"{TOP_RANKS}+"
+
+
+def _histogram() -> dict[str, int]:
+    """Counts by rank: ``"0"`` … ``"9"`` and ``"10+"`` (a dict, so merging adds element-wise)."""
+    return {_bin(r): 0 for r in range(TOP_RANKS + 1)}
+
+
+def _verified(records: Sequence[CycleRecord]):
+    """(record, proposal tokens list, strict prefix, accepted prefix) of verified draft cycles."""
+    for r in records:
+        if r.proposal is None or r.verdict is None or r.target_probs is None:
+            continue
+        accepted = int(r.verdict.accepted[0])
+        strict = r.verdict.exact_accepted
+        strict = accepted if strict is None else int(strict[0])
+        yield r, r.proposal.tokens[0].tolist(), strict, accepted
+
+
+# ---------------------------------------------------------------------------------------------
+# NSD: rejected-token analysis and extra acceptances
+
+
+def rejection_counters(
+    records: Sequence[CycleRecord], theta: float = 0.95, core_theta: float = 0.5
+) -> Counters:
+    """Counters of the NSD rejected-token analysis for one generation (see module docstring).
+
+    ``theta`` is the nucleus the rejected tokens are tested against (the method's own θ where it
+    has one, else the paper's 0.95).
+    """
+    c: Counters = {
+        "strict_rejected": 0,
+        "rejected_in_nucleus": 0,
+        "rejected_in_top10": 0,
+        "rejected_rank": _histogram(),
+        "extra_accepted": 0,
+        "extra_in_nucleus_core": 0,
+        "extra_rank": _histogram(),
+        "extra_with_q": 0,
+        "extra_entropy_draft": 0.0,
+        "extra_entropy_target": 0.0,
+        "extra_target_entropy_higher": 0,
+    }
+    for r, tokens, strict, accepted in _verified(records):
+        p = r.target_probs[0]
+        q = r.proposal.probs[0] if r.proposal.probs is not None else None
+        if strict < len(tokens):
+            # the token the strict rule rejects (a relaxed rule may still have accepted it)
+            x = tokens[strict]
+            rank = rank_of(p[strict], x)
+            c["strict_rejected"] += 1
+            c["rejected_in_nucleus"] += int(nucleus_mask(p[strict], theta)[x])
+            c["rejected_in_top10"] += int(rank < 10)
+            c["rejected_rank"][_bin(rank)] += 1
+        for j in range(strict, accepted):
+            x = tokens[j]
+            c["extra_accepted"] += 1
+            c["extra_in_nucleus_core"] += int(nucleus_mask(p[j], core_theta)[x])
+            c["extra_rank"][_bin(rank_of(p[j], x))] += 1
+            if q is not None:
+                h_q, h_p = entropy(q[j]), entropy(p[j])
+                c["extra_with_q"] += 1
+                c["extra_entropy_draft"] += h_q
+                c["extra_entropy_target"] += h_p
+                c["extra_target_entropy_higher"] += int(h_p > h_q)
+    return c
+
+
+def rejection_summary(c: Counters) -> dict[str, Any]:
+    """Shares from merged :func:`rejection_counters` (None where there is nothing to count)."""
+    n_rej, n_extra, n_q = c["strict_rejected"], c["extra_accepted"], c["extra_with_q"]
+    return {
+        "strict_rejected": n_rej,
+        "rejected_in_nucleus": _ratio(c["rejected_in_nucleus"], n_rej),
+        "rejected_in_top10": _ratio(c["rejected_in_top10"], n_rej),
+        "extra_accepted": n_extra,
+        "extra_in_nucleus_core": _ratio(c["extra_in_nucleus_core"], n_extra),
+        "extra_in_top5": _ratio(sum(c["extra_rank"][_bin(r)] for r in range(5)), n_extra),
+        "extra_by_rank": {b: _ratio(n, n_extra) for b, n in c["extra_rank"].items()} if n_extra else {},
+        "rejected_by_rank": {b: _ratio(n, n_rej) for b, n in c["rejected_rank"].items()} if n_rej else {},
+        "extra_entropy_draft": _ratio(c["extra_entropy_draft"], n_q),
+        "extra_entropy_target": _ratio(c["extra_entropy_target"], n_q),
+        "extra_target_entropy_higher": _ratio(c["extra_target_entropy_higher"], n_q),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# ProVe / VS: AUC of gate scores
+
+
+def gate_counters(records: Sequence[CycleRecord]) -> Counters:
+    """Per-position (confidence, verifier probability, matches verifier argmax) of one generation.
+
+    Only positions up to and including the first mismatch of each block: those a sequential gate
+    decides on. Scores are rounded to 5 decimals to keep stored records small.
+    """
+    conf: list[float] = []
+    prob: list[float] = []
+    match: list[int] = []
+    for r, tokens, _strict, _accepted in _verified(records):
+        p = r.target_probs[0]
+        confidence = r.proposal.confidence[0].tolist()
+        for j, x in enumerate(tokens):
+            hit = int(int(p[j].argmax()) == x)
+            conf.append(round(float(confidence[j]), 5))
+            prob.append(round(float(p[j, x]), 5))
+            match.append(hit)
+            if not hit:
+                break
+    return {"confidence": conf, "verifier_prob": prob, "match": match}
+
+
+def gate_summary(c: Counters) -> dict[str, Any]:
+    conf, prob, match = c["confidence"], c["verifier_prob"], c["match"]
+    product = [a * b for a, b in zip(conf, prob, strict=True)]
+    return {
+        "positions": len(match),
+        "match_rate": _ratio(sum(match), len(match)),
+        "auc_confidence": auc(conf, match),
+        "auc_verifier": auc(prob, match),
+        "auc_product": auc(product, match),
+    }
+
+
+register_diagnostic(
+    Diagnostic(
+        "rejections",
+        lambda g: rejection_counters(g.records, float(g.params.get("theta", 0.95))),
+        rejection_summary,
+    )
+)
+register_diagnostic(Diagnostic("gate_auc", lambda g: gate_counters(g.records), gate_summary))
+
+
+def collect(generation: Generation) -> dict[str, Counters]:
+    """Counters of every diagnostic that applies to the generation's method."""
+    return {d.name: d.collect(generation) for d in diagnostics_for(generation.method)}
+
+
+def summarize(counters: dict[str, Counters]) -> dict[str, dict[str, Any]]:
+    """Summaries of merged counters; a diagnostic that fails reports its error instead.
+
+    Diagnostics no longer registered are skipped.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for name, c in counters.items():
+        if name in DIAGNOSTICS:
+            try:
+                out[name] = DIAGNOSTICS[name].finalize(c)
+            except Exception as err:  # a broken diagnostic must not lose the benchmark's rows
+                out[name] = {"error": f"{type(err).__name__}: {err}"}
+    return out
