@@ -18,7 +18,7 @@ from relaxspec.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, T
 from relaxspec.engine import Engine
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import LoadedModel, bundled, check_compatible, check_same_tokenizer, load_model
-from relaxspec.proposers.block import BlockProposer
+from relaxspec.proposers.block import BlockProposer, trained_block_size
 from relaxspec.proposers.draft_model import DraftModel
 from relaxspec.schedulers import ConfidenceSkip
 
@@ -155,12 +155,19 @@ register(
 
 
 def _block_proposer(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[LoadedModel, BlockProposer]:
+    """The block model and its proposer; ``block_size`` None = the size it was trained with."""
     block = models.require("block", method)
-    return block, BlockProposer.from_pretrained(block.model, block.tokenizer, p["block_size"])
+    size = p["block_size"] if p["block_size"] is not None else trained_block_size(block.model)
+    return block, BlockProposer.from_pretrained(block.model, block.tokenizer, size)
+
+
+def _check_block_size(p: dict[str, Any]) -> None:
+    if p["block_size"] is not None:
+        _check_k(p, "block_size", "tokens per block proposal; default: the trained block size")
 
 
 def _validate_mars(p: dict[str, Any]) -> None:
-    _check_k(p, "block_size", "tokens per block proposal")
+    _check_block_size(p)
     ConfidenceSkip(p["tau"], commit_first=True)
 
 
@@ -175,12 +182,12 @@ def _build_mars(models: ModelSet, p: dict[str, Any]) -> Engine:
         rule=Exact(),
         greedy_rule=Greedy(),
         scheduler=ConfidenceSkip(p["tau"], commit_first=True),
-        k=p["block_size"],
+        k=proposer.block_size,
     )
 
 
 def _validate_prove(p: dict[str, Any]) -> None:
-    _check_k(p, "block_size", "tokens per block proposal")
+    _check_block_size(p)
     Gate(p["theta"])
 
 
@@ -191,14 +198,19 @@ def _build_prove(models: ModelSet, p: dict[str, Any]) -> Engine:
     check_same_tokenizer(verifier.tokenizer, block.tokenizer, "block proposer")
     gate = Gate(p["theta"])
     return Engine(
-        verifier.model, block.tokenizer, proposer=proposer, rule=gate, greedy_rule=gate, k=p["block_size"]
+        verifier.model, block.tokenizer, proposer=proposer, rule=gate, greedy_rule=gate, k=proposer.block_size
     )
 
 
 def _build_prove_lossless(models: ModelSet, p: dict[str, Any]) -> Engine:
     block, proposer = _block_proposer(models, "prove-lossless", p)
     return Engine(
-        block.model, block.tokenizer, proposer=proposer, rule=Exact(), greedy_rule=Greedy(), k=p["block_size"]
+        block.model,
+        block.tokenizer,
+        proposer=proposer,
+        rule=Exact(),
+        greedy_rule=Greedy(),
+        k=proposer.block_size,
     )
 
 
@@ -207,7 +219,7 @@ register(
         "mars",
         "MARS: block proposer, commit the first token then left to right while confidence ≥ tau; no verifier",
         ("block",),
-        {"block_size": 16, "tau": 0.9},
+        {"block_size": None, "tau": 0.9},
         _build_mars,
         _validate_mars,
     )
@@ -217,7 +229,7 @@ register(
         "prove",
         "ProVe: block proposal read by a small verifier (draft); commit while conf·p_V ≥ theta",
         ("block", "draft"),
-        {"block_size": 16, "theta": 0.05},
+        {"block_size": None, "theta": 0.05},
         _build_prove,
         _validate_prove,
     )
@@ -227,9 +239,9 @@ register(
         "prove-lossless",
         "ProVe-lossless: the block proposer verifies itself in AR mode (greedy = AR; sampling exact)",
         ("block",),
-        {"block_size": 16},
+        {"block_size": None},
         _build_prove_lossless,
-        lambda p: _check_k(p, "block_size", "tokens per block proposal"),
+        _check_block_size,
     )
 )
 

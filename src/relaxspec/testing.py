@@ -151,3 +151,33 @@ def tiny_block_proposer(
 
     # the loop returns the model with accelerate's autocast wrapper on forward: remove it
     return extract_model_from_parallel(model, keep_fp32_wrapper=False).float().eval()
+
+
+def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, ...], float]) -> float:
+    """Chi-square goodness of fit of sampled outcomes to exact probabilities (needs scipy).
+
+    Cells with expected count < 5 are pooled into one; a sampled outcome of probability 0 gives
+    p-value 0.
+    """
+    from scipy.stats import chisquare
+
+    n = len(samples)
+    counts: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    if set(counts) - set(expected):
+        return 0.0
+    obs, exp, pooled_obs, pooled_exp = [], [], 0, 0.0
+    for cell, prob in expected.items():
+        if prob * n >= 5:
+            obs.append(counts.get(cell, 0))
+            exp.append(prob * n)
+        else:
+            pooled_obs += counts.get(cell, 0)
+            pooled_exp += prob * n
+    if pooled_exp > 0:
+        obs.append(pooled_obs)
+        exp.append(pooled_exp)
+    elif pooled_obs > 0:
+        return 0.0
+    return float(chisquare(obs, exp).pvalue)
