@@ -725,6 +725,38 @@ class BenchConfig:
     command: str = ""  # the command line, recorded in the manifest
 
 
+def split_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(x) for x in split_list(text)]
+    except ValueError:
+        raise RelaxSpecError(f"--seeds expects comma-separated integers, got {text!r}") from None
+
+
+def parse_peers(text: str) -> list[str] | None:
+    """``auto`` (None: every peer whose models exist), ``none`` or a comma-separated list."""
+    if text.strip() == "auto":
+        return None
+    return [] if text.strip() == "none" else split_list(text)
+
+
+def parse_models(
+    target: str | Path | None, draft: str | Path | None, items: Sequence[str]
+) -> dict[str, str | None]:
+    """Model directories by role from ``--target``, ``--draft`` and ``--model role=DIR``."""
+    models = {"target": str(target) if target else None, "draft": str(draft) if draft else None}
+    for item in items:
+        role, sep, path = item.partition("=")
+        if not sep or not role.strip() or not path.strip():
+            raise RelaxSpecError(f"--model expects role=DIR, got {item!r}")
+        models[role.strip()] = path.strip()
+    return models
+
+
 def _check_config(config: BenchConfig) -> None:
     if not config.methods:
         raise RelaxSpecError("no methods given")
@@ -797,8 +829,8 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     Returns ``{"rows": [...], "out": path}`` for the whole results directory.
     """
     cells = plan(config)
-    store = ResultsStore(config.out)
     examples = {d: load_examples(d, config.limit) for d in config.datasets}
+    store = ResultsStore(config.out)
     roles = [r for c in cells for r in runner_needs(c.method)]
     paths = model_paths(roles, config.models)
     store.check_models(

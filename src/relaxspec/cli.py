@@ -85,6 +85,16 @@ def generate(
     block: Annotated[
         Path | None, typer.Option(help="block proposer directory (default: bundled models/block)")
     ] = None,
+    diffusion: Annotated[
+        Path | None, typer.Option(help="diffusion drafter directory (default: bundled models/diffusion)")
+    ] = None,
+    survival: Annotated[
+        Path | None, typer.Option(help="survival predictor directory (default: bundled models/survival)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="method parameter name=value, e.g. gamma=16, signal=marginal (sdd*)"),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="print one JSON object instead of streaming")
     ] = False,
@@ -111,8 +121,9 @@ def generate(
         block_size=block_size,
         tau=tau,
     )
+    method_params.update(_training_overrides(set_))
     resolve_params(method, method_params)  # bad method or parameter: fail before loading models
-    paths = {"target": target, "draft": draft, "block": block}
+    paths = {"target": target, "draft": draft, "block": block, "diffusion": diffusion, "survival": survival}
     engine = build_engine(method, load_models(method, paths), **method_params)
     if as_json:
         result = engine.generate(prompt, params)
@@ -244,6 +255,125 @@ def train_export_cmd(
     print(f"exported to {path}")
 
 
+@train_app.command("diffusion")
+def train_diffusion_cmd(
+    init: Annotated[
+        str, typer.Option(help="initial weights: target (first --layers), draft, scratch")
+    ] = "target",
+    layers: Annotated[int, typer.Option(help="decoder layers copied from the target (init=target)")] = 2,
+    gamma: Annotated[int, typer.Option(help="training block length γ")] = 16,
+    ar_weight: Annotated[float, typer.Option(help="weight of the next-token term")] = 1.0,
+    corpus: Path = Path("data/corpus"),
+    tokenizer: Path = Path("models/tokenizer"),
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    run_dir: Annotated[Path, typer.Option(help="checkpoints (resumed if present)")] = Path("runs/diffusion"),
+    export: Annotated[Path, typer.Option(help="final model directory")] = Path("models/diffusion"),
+    steps: int | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    lr: float | None = None,
+    max_minutes: Annotated[
+        float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="training option override name=value")
+    ] = None,
+) -> None:
+    """Train (or resume) the masked-diffusion drafter (LLaDA/MDLM loss) and export it with a card."""
+    from relaxspec.train.diffusion import DiffusionRecipe, train_diffusion
+
+    overrides = _training_overrides(
+        set_, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, max_minutes=max_minutes
+    )
+    recipe = DiffusionRecipe(gamma=gamma, ar_weight=ar_weight, init=init, layers=layers)
+    _, state = train_diffusion(
+        recipe, corpus, tokenizer, run_dir, export, overrides, target_dir=target, draft_dir=draft
+    )
+    print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise RelaxSpecError(f"--{name} expects comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise RelaxSpecError(f"--{name} expects integers >= 1, got {text!r}")
+    return values
+
+
+@train_app.command("diffusion-sweep")
+def train_diffusion_sweep_cmd(
+    gammas: Annotated[str, typer.Option(help="block lengths γ to try")] = "8,16,32",
+    steps: Annotated[str, typer.Option(help="denoising steps S to try (S <= γ)")] = "1,2,4,8",
+    n_math: Annotated[int, typer.Option(help="math training prompts")] = 16,
+    n_code: Annotated[int, typer.Option(help="code training prompts")] = 4,
+    max_new_tokens: int = 96,
+    corpus: Path = Path("data/corpus"),
+    target: TargetOpt = None,
+    diffusion: Annotated[
+        Path | None, typer.Option(help="drafter (default: bundled models/diffusion)")
+    ] = None,
+    write: Annotated[
+        bool, typer.Option(help="record the chosen (γ, S) in the drafter's config and card")
+    ] = True,
+) -> None:
+    """Strict-SDD (γ, S) sweep on training prompts vs AR in the same run; pick the operating point."""
+    from relaxspec.models import load_model
+    from relaxspec.proposers.diffusion import load_diffusion
+    from relaxspec.sdd import sweep_operating_points, training_prompts
+
+    drafter_dir = _model_dir(diffusion, "diffusion")
+    result = sweep_operating_points(
+        load_model(_model_dir(target, "target")),
+        load_diffusion(drafter_dir),
+        _int_list(gammas, "gammas"),
+        _int_list(steps, "steps"),
+        training_prompts(corpus, n_math, n_code),
+        max_new_tokens=max_new_tokens,
+        write_to=drafter_dir if write else None,
+    )
+    print(json.dumps(result["chosen"]))
+
+
+@train_app.command("survival")
+def train_survival_cmd(
+    target: TargetOpt = None,
+    diffusion: Annotated[
+        Path | None, typer.Option(help="drafter (default: bundled models/diffusion)")
+    ] = None,
+    corpus: Path = Path("data/corpus"),
+    out: Annotated[Path, typer.Option(help="survival model directory")] = Path("models/survival"),
+    run_dir: Annotated[Path, typer.Option(help="trajectory cache, fit checkpoints")] = Path("runs/survival"),
+    n_math: Annotated[int, typer.Option(help="math training prompts for trajectories")] = 240,
+    n_code: Annotated[int, typer.Option(help="code training prompts for trajectories")] = 60,
+    max_new_tokens: int = 128,
+    gamma: Annotated[int | None, typer.Option(help="block length (default: drafter's)")] = None,
+    steps: Annotated[int | None, typer.Option(help="denoising steps (default: drafter's)")] = None,
+    epochs: float = 15.0,
+    val_fraction: float = 0.2,
+) -> None:
+    """Collect Strict-SDD trajectories on training prompts; train marginal + conditional survival MLPs."""
+    from relaxspec.train.survival import FitConfig, SurvivalRun, train_survival
+
+    run = SurvivalRun(
+        n_math=n_math,
+        n_code=n_code,
+        max_new_tokens=max_new_tokens,
+        gamma=gamma,
+        steps=steps,
+        val_fraction=val_fraction,
+        fit=FitConfig(epochs=epochs),
+    )
+    metrics = train_survival(
+        _model_dir(target, "target"), _model_dir(diffusion, "diffusion"), corpus, out, run_dir, run
+    )
+    keys = ("bce", "bce_position_only", "auroc", "auroc_raw")
+    summary = {kind: {m: v[m] for m in keys} for kind, v in metrics.items()}
+    print(json.dumps(summary, indent=1))
+
+
 def _training_overrides(items: list[str] | None, **given: Any) -> dict[str, Any]:
     """``--set name=value`` items plus the explicitly given options (None = not given)."""
     overrides: dict[str, Any] = {}
@@ -309,37 +439,101 @@ def train_block_card_cmd(
 
 @app.command("bench")
 def bench_cmd(
-    methods: Annotated[str, typer.Option(help="comma-separated methods")] = "ar,sd,nsd",
-    dataset: Annotated[str, typer.Option(help="math, code, humaneval or a .jsonl prompt file")] = "math",
-    limit: int = 10,
-    k: int = 8,
-    theta: float = 0.95,
+    methods: Annotated[str, typer.Option(help="comma-separated presets (ar is always added)")] = "ar,sd,nsd",
+    dataset: Annotated[str, typer.Option(help="math, code, humaneval or .jsonl (comma-separated)")] = "math",
+    prompts: Annotated[
+        Path | None, typer.Option(help="a .jsonl prompt file ({prompt, id?, answer?, stop?} rows)")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="prompts per dataset")] = 10,
     temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seeds: Annotated[str, typer.Option(help="comma-separated seeds, one cell per seed")] = "0",
     max_new_tokens: int = 128,
-    seed: int = 0,
-    peers: Annotated[bool, typer.Option(help="also time HF generate() and assisted generation")] = True,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="sweep: [method.]name=v1,v2 (repeatable), e.g. nsd.theta=0.9,0.95"),
+    ] = None,
+    k: Annotated[int | None, typer.Option(help="draft length of every method that has one")] = None,
+    peers: Annotated[str, typer.Option(help="hf-generate,hf-assisted,hf-lookup, auto or none")] = "auto",
     target: TargetOpt = None,
     draft: DraftOpt = None,
-    out: Annotated[Path, typer.Option(help="JSON output file")] = Path("results/bench.json"),
+    model: Annotated[
+        list[str] | None, typer.Option(help="model of another role: role=DIR (block, diffusion, ...)")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="results directory (re-running resumes it)")] = Path("results"),
+    diagnostics: Annotated[bool, typer.Option(help="collect the papers' per-cycle diagnostics")] = False,
+    warmup_tokens: int = 16,
+    exec_timeout: Annotated[float, typer.Option(help="seconds per HumanEval test run")] = 10.0,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
-    """Benchmark methods on the same prompts in one process; print a table and write JSON."""
-    from relaxspec.bench import BenchConfig, run_bench
+    """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out."""
+    import shlex
+
+    from relaxspec.bench import BenchConfig, parse_models, parse_peers, parse_seeds, run_bench, split_list
 
     config = BenchConfig(
-        methods=[m.strip() for m in methods.split(",") if m.strip()],
-        dataset=dataset,
+        methods=split_list(methods),
+        datasets=[str(prompts)] if prompts is not None else split_list(dataset),
         limit=limit,
-        k=k,
-        theta=theta,
         temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seeds=parse_seeds(seeds),
         max_new_tokens=max_new_tokens,
-        seed=seed,
-        peers=peers,
-        target=str(_model_dir(target, "target")),
-        draft=str(_model_dir(draft, "draft")),
+        sets=[*(set_ or []), *([f"k={k}"] if k is not None else [])],
+        peers=parse_peers(peers),
+        models=parse_models(target, draft, model or []),
         out=str(out),
+        warmup_tokens=warmup_tokens,
+        diagnostics=diagnostics,
+        exec_timeout=exec_timeout,
+        progress=progress,
+        command=shlex.join(["relaxspec", *sys.argv[1:]]),
     )
     run_bench(config)
+
+
+@app.command("report")
+def report_cmd(
+    results: Annotated[list[Path], typer.Argument(help="results directories written by relaxspec bench")],
+    out: Annotated[Path | None, typer.Option(help="Markdown file (default: <results>/report.md)")] = None,
+    title: str = "relaxspec benchmark report",
+    html: Annotated[bool, typer.Option(help="also write an HTML version next to the Markdown")] = True,
+) -> None:
+    """Render a Markdown (and HTML) report with plots from one or more results directories."""
+    from relaxspec.report import render_report
+
+    path = render_report(results, out or results[0] / "report.md", title=title, html=html)
+    print(f"wrote {path}")
+
+
+@app.command("reproduce")
+def reproduce_cmd(
+    out: Annotated[Path, typer.Option(help="the report to write")] = Path("docs/results.md"),
+    results: Annotated[Path, typer.Option(help="where the experiments' results directories go")] = Path(
+        "results/reproduce"
+    ),
+    limit: Annotated[int, typer.Option(help="prompts per dataset")] = 30,
+    max_new_tokens: int = 128,
+    only: Annotated[str | None, typer.Option(help="comma-separated experiment names (default: all)")] = None,
+    progress: bool = True,
+) -> None:
+    """Re-run the papers' headline comparisons at our scale and write docs/results.md."""
+    import shlex
+
+    from relaxspec.reproduce import reproduce
+
+    path = reproduce(
+        out,
+        results,
+        limit=limit,
+        max_new_tokens=max_new_tokens,
+        only=[x.strip() for x in only.split(",")] if only else None,
+        progress=progress,
+        command=shlex.join(["relaxspec", *sys.argv[1:]]),
+    )
+    print(f"wrote {path}")
 
 
 @app.command("eval")

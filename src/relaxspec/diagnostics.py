@@ -17,7 +17,11 @@ Built in:
 - ``gate_auc`` (ProVe §3.1, Fig. 4; VS App. A.2): AUC of proposer confidence, verifier
   probability and their product for telling a draft token that matches the verifier's argmax
   from one that does not, over the positions a sequential gate sees (up to and including the
-  first mismatch of each block).
+  first mismatch of each block) — for draft-model and diffusion methods.
+- ``prove`` (ProVe §3.1, §4.1, App. D) for block-proposer methods: mean AR-matching prefix of the
+  proposals, AR-match rate by depth, non-matching-token rate of the output and the same three
+  AUCs with AR-match against the proposer's own greedy decoding (pure functions of
+  :mod:`relaxspec.prove_diagnostics`).
 
 Other methods register their own (``register_diagnostic``), e.g. a survival-predictor AUROC or the
 VS permutation diagnostic; the benchmark runs every diagnostic that ``applies`` to a method.
@@ -25,6 +29,7 @@ VS permutation diagnostic; the benchmark runs every diagnostic that ``applies`` 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +38,15 @@ import torch
 
 from relaxspec.acceptance import nucleus_mask
 from relaxspec.engine import CycleRecord
+from relaxspec.errors import RelaxSpecError
+from relaxspec.prove_diagnostics import (
+    ar_argmax_along,
+    ar_matching_prefix,
+    gate_aucs,
+    match_flags,
+    sequential_population,
+    teacher_forced_probs,
+)
 
 Counters = dict[str, Any]
 TOP_RANKS = 10  # rank histogram: 0..9 and "10+"
@@ -107,26 +121,6 @@ def entropy(p: torch.Tensor) -> float:
     p = p.double()
     nz = p[p > 0]
     return float(-(nz * nz.log()).sum())
-
-
-def auc(scores: Sequence[float], labels: Sequence[int | bool]) -> float | None:
-    """Area under the ROC curve (Mann–Whitney U, ties counted half); None if one class is empty."""
-    pos = [s for s, y in zip(scores, labels, strict=True) if y]
-    neg = [s for s, y in zip(scores, labels, strict=True) if not y]
-    if not pos or not neg:
-        return None
-    ordered = sorted((s, i) for i, s in enumerate([*pos, *neg]))
-    ranks = [0.0] * len(ordered)
-    i = 0
-    while i < len(ordered):  # average ranks over ties
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1][0] == ordered[i][0]:
-            j += 1
-        for m in range(i, j + 1):
-            ranks[ordered[m][1]] = (i + j) / 2 + 1
-        i = j + 1
-    u = sum(ranks[: len(pos)]) - len(pos) * (len(pos) + 1) / 2
-    return u / (len(pos) * len(neg))
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -248,15 +242,87 @@ def gate_counters(records: Sequence[CycleRecord]) -> Counters:
 
 
 def gate_summary(c: Counters) -> dict[str, Any]:
-    conf, prob, match = c["confidence"], c["verifier_prob"], c["match"]
-    product = [a * b for a, b in zip(conf, prob, strict=True)]
+    """Match rate and the three AUCs (ProVe Fig. 4) of merged :func:`gate_counters`."""
+    conf, prob, match = (
+        torch.tensor(c[k], dtype=torch.float64) for k in ("confidence", "verifier_prob", "match")
+    )
+    aucs = gate_aucs(conf, prob, match.bool())
     return {
-        "positions": len(match),
-        "match_rate": _ratio(sum(match), len(match)),
-        "auc_confidence": auc(conf, match),
-        "auc_verifier": auc(prob, match),
-        "auc_product": auc(product, match),
+        "positions": len(c["match"]),
+        "match_rate": _ratio(sum(c["match"]), len(c["match"])),
+        **{k: None if math.isnan(v) else v for k, v in aucs.items()},
     }
+
+
+def prove_counters(g: Generation) -> Counters:
+    """ProVe §3.1 / §4.1 counters of one generation of a block-proposer method.
+
+    AR-match is judged against the block model in plain AR mode (the proposer's own greedy
+    decoding, ProVe's reference); verifier probabilities come from the verified cycles (for
+    ``mars``, which verifies nothing, from the draft model as ProVe's small verifier, if loaded).
+    Runs the reference model teacher-forced, outside the timed loop.
+    """
+    ar_model = g.models.block.model
+    small = g.models.draft.model if g.models.draft is not None else None
+    ids = torch.cat([g.prompt_ids, torch.tensor([list(g.tokens)], dtype=torch.long)], dim=1)
+    n_prompt = g.prompt_ids.shape[1]
+    c: Counters = {
+        "proposals": 0,
+        "ar_prefix": 0,
+        "depth_seen": {},
+        "depth_match": {},
+        "confidence": [],
+        "verifier_prob": [],
+        "match": [],
+    }
+    for rec in g.records:
+        if rec.proposal is None:
+            continue
+        if rec.position > ids.shape[1]:
+            break
+        prefix, draft = ids[:, : rec.position], rec.proposal.tokens.cpu()
+        ar = teacher_forced_probs(ar_model, prefix, draft)[:-1].argmax(-1)
+        match = match_flags(draft[0], ar)
+        c["proposals"] += 1
+        c["ar_prefix"] += ar_matching_prefix(draft[0], ar)
+        for i, hit in enumerate(match.tolist()):
+            c["depth_seen"][str(i)] = c["depth_seen"].get(str(i), 0) + 1
+            c["depth_match"][str(i)] = c["depth_match"].get(str(i), 0) + int(hit)
+        if rec.target_probs is not None:
+            p = rec.target_probs[0, :-1].cpu()
+        elif small is not None:
+            p = teacher_forced_probs(small, prefix, draft)[:-1]
+        else:
+            continue
+        seen = sequential_population(match)
+        c["confidence"] += [round(float(x), 5) for x in rec.proposal.confidence[0].cpu()[seen]]
+        c["verifier_prob"] += [round(float(x), 5) for x in p.gather(-1, draft[0, :, None]).squeeze(-1)[seen]]
+        c["match"] += [int(x) for x in match[seen]]
+    generated = ids[0, n_prompt:]
+    ar_all = ar_argmax_along(ar_model, ids)[n_prompt - 1 :]
+    c["tokens"] = int(generated.numel())
+    c["non_matching"] = int((generated != ar_all).sum())
+    return c
+
+
+def prove_summary(c: Counters) -> dict[str, Any]:
+    depths = sorted(c["depth_seen"], key=int)
+    return {
+        "proposals": c["proposals"],
+        "mean_ar_prefix": _ratio(c["ar_prefix"], c["proposals"]),
+        "non_matching_rate": _ratio(c["non_matching"], c["tokens"]),
+        "ar_match_by_depth": [c["depth_match"][d] / c["depth_seen"][d] for d in depths],
+        **gate_summary(c),
+    }
+
+
+def _needs(method: str) -> tuple[str, ...]:
+    from relaxspec.methods import get_method
+
+    try:
+        return get_method(method).needs
+    except RelaxSpecError:
+        return ()
 
 
 register_diagnostic(
@@ -266,7 +332,17 @@ register_diagnostic(
         rejection_summary,
     )
 )
-register_diagnostic(Diagnostic("gate_auc", lambda g: gate_counters(g.records), gate_summary))
+register_diagnostic(
+    Diagnostic(
+        "gate_auc",
+        lambda g: gate_counters(g.records),
+        gate_summary,
+        applies=lambda method: method != "ar" and "block" not in _needs(method),
+    )
+)
+register_diagnostic(
+    Diagnostic("prove", prove_counters, prove_summary, applies=lambda method: "block" in _needs(method))
+)
 
 
 def collect(generation: Generation) -> dict[str, Counters]:
