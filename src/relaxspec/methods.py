@@ -44,7 +44,11 @@ class ModelSet:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A preset: the models it needs, its parameters (name -> default), and its builder."""
+    """A preset: the models it needs, its parameters (name -> default), and its builder.
+
+    ``optional`` roles are loaded when a path is given or a bundled model exists, and left None
+    otherwise (the builder raises a clear error if the chosen parameters need them).
+    """
 
     name: str
     summary: str
@@ -52,6 +56,7 @@ class MethodSpec:
     params: dict[str, Any]
     build: Callable[[ModelSet, dict[str, Any]], Engine]
     validate: Callable[[dict[str, Any]], None] = field(default=lambda p: None)
+    optional: tuple[str, ...] = ()
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -301,4 +306,12 @@ def load_models(method: str, paths: dict[str, str | Path | None] | None = None) 
                     f"method {method!r} needs a {role} model: pass --{role} DIR (no bundled model at {path})"
                 )
         setattr(models, role, ROLE_LOADERS[role](Path(path)))
+    for role in spec.optional:
+        path = paths.get(role) or (bundled(role) if bundled(role).exists() else None)
+        if path is not None:
+            setattr(models, role, ROLE_LOADERS[role](Path(path)))
     return models
+
+
+# Presets defined in their own modules register themselves on import.
+from relaxspec import sdd as _sdd  # noqa: E402, F401
