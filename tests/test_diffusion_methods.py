@@ -316,3 +316,20 @@ def test_cli_generate_sdd_skip_json(sdd_dirs):
     bad = run_cli("generate", "w1", "--method", "sdd-skip", "--target", str(t), "--diffusion", str(d),
                   "--set", "k_min=9")  # fmt: skip
     assert bad.returncode == 2 and "cannot exceed gamma" in bad.stderr
+
+
+@pytest.mark.slow
+def test_sampling_sdd_reproduces_the_target_law():
+    """Left-to-right reveal makes q_i the law d_i was drawn from, so Exact is lossless (chi-square)."""
+    from test_exactness import chi_square_pvalue, exact_joint, sample_triples
+
+    tok = tiny_tokenizer(2)
+    target = LoadedModel(tiny_llama(len(tok), seed=0, logit_scale=2.0), tok, None)
+    drafter = tiny_llama(len(tok), seed=1, logit_scale=2.0)
+    mark_drafter(drafter, 3, 2)
+    engine = build_engine(
+        "sdd", ModelSet(target=target, diffusion=LoadedModel(drafter, tok, None)), gamma=3, steps=2
+    )
+    params = SamplingParams(temperature=1.0)
+    samples = sample_triples(engine, 3000, params)
+    assert chi_square_pvalue(samples, exact_joint(target, params)) > 1e-3

@@ -194,7 +194,10 @@ def fit_predictor(
             resume=False,
             progress=progress,
         )
-        mlps[kind] = mlp.float().eval()
+        # a fresh module: Accelerate leaves an autocast wrapper on the trained one's forward
+        clean = SurvivalMLP(cfg.in_dim, cfg.mlp_hidden)
+        clean.load_state_dict({k: v.float() for k, v in mlp.state_dict().items()})
+        mlps[kind] = clean.eval()
     return SurvivalPredictor(cfg, mlps, mean, std)
 
 
