@@ -264,3 +264,14 @@ def test_survival_for_another_drafter_is_refused(tiny_dirs, target, tokenizer, f
     with pytest.raises(RelaxSpecError, match="trained on drafter hidden states of size 6"):
         build_engine("sdd-skip", models, signal="marginal")
     assert isinstance(models.diffusion, LoadedModel)
+
+
+def test_break_even_from_strict_stats():
+    from relaxspec.engine import GenerationStats
+    from relaxspec.survival import break_even_from_stats
+
+    s = GenerationStats(new_tokens=25, cycles=10, verifier_calls=10, draft_seconds=10.0, verify_seconds=40.0)
+    assert break_even_from_stats(s) == pytest.approx(0.5)  # c_d 1, c_v 4, τ 2.5
+    s.skipped_rounds = 1
+    with pytest.raises(RelaxSpecError, match="strict run"):
+        break_even_from_stats(s)

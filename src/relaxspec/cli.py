@@ -279,6 +279,9 @@ def train_diffusion_cmd(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="training option override name=value")
     ] = None,
+    export_partial: Annotated[
+        bool, typer.Option(help="export even if --max-minutes stopped the run early")
+    ] = False,
 ) -> None:
     """Train (or resume) the masked-diffusion drafter (LLaDA/MDLM loss) and export it with a card."""
     from relaxspec.train.diffusion import DiffusionRecipe, train_diffusion
@@ -288,7 +291,15 @@ def train_diffusion_cmd(
     )
     recipe = DiffusionRecipe(gamma=gamma, ar_weight=ar_weight, init=init, layers=layers)
     _, state = train_diffusion(
-        recipe, corpus, tokenizer, run_dir, export, overrides, target_dir=target, draft_dir=draft
+        recipe,
+        corpus,
+        tokenizer,
+        run_dir,
+        export,
+        overrides,
+        target_dir=target,
+        draft_dir=draft,
+        export_partial=export_partial,
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 

@@ -397,3 +397,20 @@ def break_even_skip_length(
         raise RelaxSpecError(f"strict_tokens_per_round must be > 0, got {strict_tokens_per_round!r}")
     rate = (draft_seconds + verify_seconds) / strict_tokens_per_round - prefill_seconds_per_token
     return draft_seconds / rate if rate > 0 else math.inf
+
+
+def break_even_from_stats(stats: object, prefill_seconds_per_token: float = 0.0) -> float:
+    """K* from a *strict* run's :class:`~relaxspec.engine.GenerationStats` (merged over prompts).
+
+    ``c_d`` = draft seconds per round, ``c_v`` = verify seconds per verifier call, ``τ_s`` = tokens
+    per strict round (τ). Measure on Strict SDD with the same (γ, S) as the skipping run.
+    """
+    cycles, calls = stats.cycles, stats.verifier_calls
+    if stats.skipped_rounds or not cycles or not calls:
+        raise RelaxSpecError("K* needs the stats of a strict run (no skipped rounds, at least one cycle)")
+    return break_even_skip_length(
+        stats.draft_seconds / cycles,
+        stats.verify_seconds / calls,
+        stats.new_tokens / calls,
+        prefill_seconds_per_token,
+    )

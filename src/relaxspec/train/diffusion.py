@@ -299,8 +299,13 @@ def train_diffusion(
     draft_dir: str | Path | None = None,
     progress: bool = True,
     command: str | None = None,
+    export_partial: bool = False,
 ) -> tuple[LlamaForCausalLM, TrainState]:
-    """Train (or resume) the drafter; export it with a model card when the run is complete."""
+    """Train (or resume) the drafter; export it with a model card when the run is complete.
+
+    ``export_partial``: also export when the run stopped early (``max_minutes``); the card records
+    the steps actually done. Rerunning the same command resumes the run either way.
+    """
     cfg_fields = {**DEFAULT_TRAIN, **(overrides or {})}
     unknown = set(cfg_fields) - set(TrainConfig.__dataclass_fields__)
     if unknown:
@@ -347,7 +352,7 @@ def train_diffusion(
         eval_fn=lambda m: heldout_diffusion(m, heldout, recipe.gamma, mask_id, recipe.eps),
         progress=progress,
     )
-    if export_dir is not None and state.step >= config.steps:
+    if export_dir is not None and (state.step >= config.steps or export_partial):
         mark_drafter(model, recipe.gamma, mask_id)
         export_model(
             model,
@@ -356,6 +361,7 @@ def train_diffusion(
             extra={
                 **record,
                 "train_config": asdict(config),
+                "steps_done": state.step,
                 "parameters": sum(p.numel() for p in model.parameters()),
                 "tokens_seen": state.tokens_seen,
                 "wall_seconds": state.elapsed_seconds,
@@ -404,7 +410,8 @@ def write_card(model_dir: str | Path) -> Path:
         "## Training",
         "",
         f"- command: `{training.get('command', 'n/a')}`",
-        f"- steps: {tc.get('steps', 'n/a')}, batch {tc.get('batch_size', 'n/a')} × seq_len "
+        f"- steps: {training.get('steps_done', 'n/a')} of {tc.get('steps', 'n/a')}, "
+        f"batch {tc.get('batch_size', 'n/a')} × seq_len "
         f"{tc.get('seq_len', 'n/a')}, lr {tc.get('lr', 'n/a')}, ε {recipe.get('eps', 'n/a')}, "
         f"AR weight {recipe.get('ar_weight', 'n/a')}",
         f"- tokens seen: {training.get('tokens_seen', 'n/a')}",
