@@ -140,6 +140,29 @@ def test_training_layout_matches_cached_inference(model):
     torch.testing.assert_close(lm.forward_block(noisy[:, 8:12], 8, g)[0], h[T + 8 :], atol=1e-5, rtol=1e-5)
 
 
+def test_transformers_applies_a_custom_4d_mask_with_positions_and_cache(model):
+    """A 4D float mask reaches SDPA unchanged: causal-as-custom == default; a cached suffix with
+    explicit positions == the full forward; a different mask changes the output."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(3, 11, (1, 10))
+    n = ids.shape[1]
+    pos = torch.arange(n)
+    causal = attention_bias(pos, pos, torch.full((n,), -1), pos, torch.full((n,), -1))
+    with torch.no_grad():
+        default = model(ids).logits
+        custom = model(ids, attention_mask=causal, position_ids=pos[None]).logits
+        torch.testing.assert_close(custom, default)
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :6], cache=cache, use_cache=True)
+        tail = model(
+            ids[:, 6:], attention_mask=causal[:, :, 6:], position_ids=pos[None, 6:], cache=cache
+        ).logits
+        torch.testing.assert_close(tail, default[:, 6:], atol=1e-5, rtol=1e-5)
+        full = torch.zeros_like(causal)  # bidirectional: must differ from causal
+        assert (model(ids, attention_mask=full, position_ids=pos[None]).logits - default).abs().max() > 1e-3
+
+
 def test_attention_bias_rules():
     # 2 context tokens (clean), then a block of 2
     pos = torch.arange(4)
