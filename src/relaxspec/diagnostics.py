@@ -22,6 +22,10 @@ Built in:
   proposals, AR-match rate by depth, non-matching-token rate of the output and the same three
   AUCs with AR-match against the proposer's own greedy decoding (pure functions of
   :mod:`relaxspec.prove_diagnostics`).
+- ``vs_permutation`` (VS §5) for diffusion-drafter methods: mean feasible prefix length of raw
+  confidence under τ = 0.9 on the verified blocks, before and after shuffling each position's
+  (score, label) pairs across blocks, and per-position AUROC (pure functions of
+  :mod:`relaxspec.survival`).
 
 Other methods register their own (``register_diagnostic``), e.g. a survival-predictor AUROC or the
 VS permutation diagnostic; the benchmark runs every diagnostic that ``applies`` to a method.
@@ -197,6 +201,14 @@ def rejection_counters(
     return c
 
 
+def nucleus_theta(method: str, params: dict[str, Any], default: float = 0.95) -> float:
+    """θ of the nucleus the analysis tests against: the method's own where its rule is the
+    nucleus (``nsd``, ``accept=nucleus``), else the paper's 0.95."""
+    if method == "nsd" or params.get("accept") == "nucleus":
+        return float(params["theta"])
+    return default
+
+
 def rejection_summary(c: Counters) -> dict[str, Any]:
     """Shares from merged :func:`rejection_counters` (None where there is nothing to count)."""
     n_rej, n_extra, n_q = c["strict_rejected"], c["extra_accepted"], c["extra_with_q"]
@@ -316,6 +328,44 @@ def prove_summary(c: Counters) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# VS: permutation diagnostic (prefix structure of raw confidence)
+
+
+def block_counters(records: Sequence[CycleRecord]) -> Counters:
+    """Raw confidences and strict accepted lengths L of the verified draft blocks of a generation."""
+    scores: list[list[float]] = []
+    lengths: list[int] = []
+    for r, _tokens, strict, _accepted in _verified(records):
+        scores.append([round(float(x), 5) for x in r.proposal.confidence[0]])
+        lengths.append(strict)
+    return {"scores": scores, "lengths": lengths}
+
+
+def permutation_summary(c: Counters, tau: float = 0.9) -> dict[str, Any]:
+    """VS §5: feasible prefix length of raw confidence before and after the per-column shuffle.
+
+    Uses the blocks of the most common length (full blocks; budget-cut ones are shorter).
+    """
+    from relaxspec.survival import permutation_test, survival_labels
+
+    if not c["scores"]:
+        return {"blocks": 0}
+    k = max(set(map(len, c["scores"])), key=[len(x) for x in c["scores"]].count)
+    rows = [(sc, n) for sc, n in zip(c["scores"], c["lengths"], strict=True) if len(sc) == k]
+    scores = torch.tensor([sc for sc, _ in rows], dtype=torch.float64)
+    n = torch.tensor([n for _, n in rows])
+    labels = survival_labels(n, torch.full_like(n, k), k)["label"]
+    out = permutation_test(scores, labels, tau, generator=torch.Generator().manual_seed(0))
+    return {key: _finite(v) for key, v in out.items()}
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
 def _needs(method: str) -> tuple[str, ...]:
     from relaxspec.methods import get_method
 
@@ -328,7 +378,7 @@ def _needs(method: str) -> tuple[str, ...]:
 register_diagnostic(
     Diagnostic(
         "rejections",
-        lambda g: rejection_counters(g.records, float(g.params.get("theta", 0.95))),
+        lambda g: rejection_counters(g.records, nucleus_theta(g.method, g.params)),
         rejection_summary,
     )
 )
@@ -342,6 +392,14 @@ register_diagnostic(
 )
 register_diagnostic(
     Diagnostic("prove", prove_counters, prove_summary, applies=lambda method: "block" in _needs(method))
+)
+register_diagnostic(
+    Diagnostic(
+        "vs_permutation",
+        lambda g: block_counters(g.records),
+        permutation_summary,
+        applies=lambda method: "diffusion" in _needs(method),
+    )
 )
 
 

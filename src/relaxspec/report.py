@@ -365,6 +365,13 @@ DIAGNOSTIC_COLUMNS: dict[str, list[tuple[str, str, str]]] = {  # name -> (header
         ("AUC verifier", "auc_verifier", "{:.3f}"),
         ("AUC product", "auc_product", "{:.3f}"),
     ],
+    "vs_permutation": [
+        ("blocks", "blocks", "{}"),
+        ("feasible prefix", "feasible_mean", "{:.2f}"),
+        ("after permutation", "permuted_feasible_mean", "{:.2f}"),
+        ("feasible (non-zero)", "feasible_mean_nonzero", "{:.2f}"),
+        ("after permutation (non-zero)", "permuted_feasible_mean_nonzero", "{:.2f}"),
+    ],
     "prove": [
         ("proposals", "proposals", "{}"),
         ("mean AR prefix", "mean_ar_prefix", "{:.2f}"),
@@ -379,6 +386,8 @@ DIAGNOSTIC_TITLES = {
     "extra tokens a relaxed rule accepted",
     "gate_auc": "Gate AUCs (ProVe Fig. 4; VS App. A.2): telling drafts that match the verifier's argmax "
     "from those that do not",
+    "vs_permutation": "VS permutation diagnostic (VS §5): feasible prefix length of raw confidence "
+    "(τ = 0.9) before and after breaking cross-position dependence",
     "prove": "ProVe diagnostics (ProVe §3.1, §4.1): AR-matching prefix of block proposals, "
     "non-matching-token rate, gate AUCs vs the proposer's greedy AR",
 }
@@ -395,12 +404,43 @@ def _cell(value: Any, fmt: str) -> str:
         return str(value)
 
 
+def break_even(rows: Sequence[Row]) -> str:
+    """K* (VS §4, H2) of every strict diffusion-drafter row: the shortest skip that pays off.
+
+    From the row's measured draft time per round, verifier time per call and tokens per strict
+    round (the verifier's prefill of skipped tokens, ``c_p``, is taken as 0: not measured here).
+    """
+    from relaxspec.survival import break_even_skip_length
+
+    strict = [
+        r
+        for r in rows
+        if r.family == "diffusion drafter" and not r.skipped_tokens and r.rounds and r.verify_ms_per_call
+    ]
+    if not strict:
+        return ""
+    lines = ["| runner | draft ms/round | verify ms/call | tokens/round | K* |", "|---|---:|---:|---:|---:|"]
+    for r in strict:
+        per_round = r.new_tokens / r.rounds
+        k_star = break_even_skip_length(r.draft_ms_per_round or 0.0, r.verify_ms_per_call, per_round)
+        lines.append(
+            f"| {r.label} | {r.draft_ms_per_round:.2f} | {r.verify_ms_per_call:.2f} | {per_round:.2f} | "
+            f"{k_star:.2f} |"
+        )
+    return (
+        "**Break-even skip length K\\* (VS §4)**: a skip must commit more than K\\* tokens to beat a "
+        "strict round.\n\n" + "\n".join(lines) + "\n"
+    )
+
+
 def diagnostics_tables(rows: Sequence[Row]) -> str:
     """One Markdown table per diagnostic present in ``rows``."""
     names = list(dict.fromkeys(n for r in rows for n in r.diagnostics))
     parts = []
     for name in names:
-        have = [r for r in rows if name in r.diagnostics]
+        have = [r for r in rows if name in r.diagnostics and not _empty(r.diagnostics[name])]
+        if not have:
+            continue
         cols = DIAGNOSTIC_COLUMNS.get(name) or [
             (k, k, "{:.4g}")
             for k in dict.fromkeys(k for r in have for k, v in r.diagnostics[name].items() if _scalar(v))
@@ -434,6 +474,14 @@ def diagnostics_tables(rows: Sequence[Row]) -> str:
                 + "\n"
             )
     return "\n".join(parts)
+
+
+def _empty(summary: dict[str, Any]) -> bool:
+    """Nothing was counted (e.g. the rejection analysis of a method that verifies nothing)."""
+    counts = [
+        v for k, v in summary.items() if k in ("strict_rejected", "extra_accepted", "positions", "blocks")
+    ]
+    return bool(counts) and not any(counts)
 
 
 def _scalar(v: Any) -> bool:
@@ -486,9 +534,9 @@ def section(rows: Sequence[Row], per_seed: Sequence[Row], plots: Path, rel: Path
         for param, rs in sweeps(group).items():
             images.append(plot_sweep(rs, param, plots / f"{slug}-sweep-{_slug(param)}.png", title))
         parts.extend(f"![{p.stem}]({(rel / p.name).as_posix()})\n" for p in images if p is not None)
-        diag = diagnostics_tables(group)
-        if diag:
-            parts.append(diag)
+        for extra in (diagnostics_tables(group), break_even(group)):
+            if extra:
+                parts.append(extra)
         errors = [r for r in group if r.error]
         if errors:
             parts.append(

@@ -31,7 +31,7 @@ import torch
 from relaxspec import diagnostics
 from relaxspec.engine import GenerationStats
 from relaxspec.errors import RelaxSpecError
-from relaxspec.peers import family, is_peer
+from relaxspec.peers import family, is_peer, runner_params
 
 RECORDS = "records.jsonl"
 MANIFEST = "manifest.json"
@@ -75,7 +75,35 @@ class Cell:
 
 
 def label(method: str, params: dict[str, Any]) -> str:
+    """Every parameter: ``nsd k=8 theta=0.9`` (identifies a runner)."""
     return " ".join([method, *(f"{k}={v}" for k, v in sorted(params.items()))])
+
+
+ALWAYS_SHOWN = ("k",)  # draft length: needed to pair our sd with HF assisted generation
+
+
+def display_labels(cells: Iterable[Cell]) -> dict[str, str]:
+    """Short row labels: a method's parameters that vary among ``cells``, differ from the preset's
+    default, or are always shown (``k``). Full parameters stay in the rows' ``params``.
+    """
+    cells = list(cells)
+    values: dict[str, dict[str, set[str]]] = {}
+    for c in cells:
+        for k, v in c.params.items():
+            values.setdefault(c.method, {}).setdefault(k, set()).add(json.dumps(v))
+    out = {}
+    for c in cells:
+        try:
+            defaults = runner_params(c.method)
+        except RelaxSpecError:
+            defaults = {}
+        shown = {
+            k: v
+            for k, v in c.params.items()
+            if k in ALWAYS_SHOWN or len(values[c.method][k]) > 1 or (k in defaults and defaults[k] != v)
+        }
+        out[c.key] = label(c.method, shown)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,6 +173,8 @@ class Row:
     draft_calls_per_token: float | None = None
     verify_ms_per_token: float | None = None
     verify_ms_per_call: float | None = None
+    rounds: int | None = None  # engine cycles (draft rounds)
+    draft_ms_per_round: float | None = None
     time_split: dict[str, float] | None = None  # draft / verify / other, fractions of wall time
     position_acceptance: list[float] = field(default_factory=list)
     accepted_by_relaxation: int | None = None
@@ -167,6 +197,8 @@ def _stats_fields(row: Row, total: GenerationStats) -> None:
     row.verify_ms_per_call = (
         1000 * total.verify_seconds / total.verifier_calls if total.verifier_calls else None
     )
+    row.rounds = total.cycles
+    row.draft_ms_per_round = 1000 * total.draft_seconds / total.cycles if total.cycles else None
     wall = max(total.total_seconds, 1e-12)
     row.time_split = {
         "draft": total.draft_seconds / wall,
@@ -279,8 +311,10 @@ def build_rows(
         )
         for k in keys
     ]
+    labels = display_labels(cells.values())
     for row in rows:
         row.seeds = sorted(seeds[row.key])
+        row.label = labels[row.key]
     ar = {
         (r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens): r.tokens_per_second
         for r in rows
