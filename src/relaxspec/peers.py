@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from relaxspec.datasets import Example, truncate
 from relaxspec.errors import RelaxSpecError
@@ -120,6 +121,27 @@ def family(name: str) -> str:
     return "autoregressive"
 
 
+class StopOnText(StoppingCriteria):
+    """Stop when the decoded continuation contains a stop string — the check our engine makes.
+
+    (HF's own ``stop_strings=`` precomputes token-level matches from the vocabulary and fails on
+    some tokenizers, e.g. word-level ones; decoding the continuation works with any tokenizer.)
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_length: int, stop: Sequence[str]) -> None:
+        self.tokenizer, self.prompt_length, self.stop = tokenizer, prompt_length, tuple(stop)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        done = [
+            any(
+                s in self.tokenizer.decode(row[self.prompt_length :], skip_special_tokens=True)
+                for s in self.stop
+            )
+            for row in input_ids.tolist()
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
 def hf_runner(name: str, params: dict[str, Any], models: ModelSet, sampling: SamplingParams) -> Runner:
     """A Hugging Face ``generate()`` peer, with the same prompt encoding, budget and stop strings."""
     target: LoadedModel = models.require("target", name)
@@ -145,7 +167,7 @@ def hf_runner(name: str, params: dict[str, Any], models: ModelSet, sampling: Sam
                 temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p
             )
         if ex.stop:
-            kwargs.update(stop_strings=list(ex.stop), tokenizer=tok)
+            kwargs.update(stopping_criteria=StoppingCriteriaList([StopOnText(tok, ids.shape[1], ex.stop)]))
         torch.manual_seed(seed)
         with warnings.catch_warnings(), _quiet_transformers():
             warnings.simplefilter("ignore")

@@ -499,6 +499,12 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
+def _group_slug(key: tuple[str, float, int, float, int]) -> str:
+    dataset, t, top_k, top_p, max_new = key
+    extra = (f"-topk{top_k}" if top_k else "") + (f"-topp{top_p:g}" if top_p < 1 else "")
+    return _slug(f"{dataset_name(dataset)}-t{t:g}{extra}-n{max_new}")
+
+
 def _group_title(key: tuple[str, float, int, float, int]) -> str:
     dataset, t, top_k, top_p, max_new = key
     extra = (f", top-k {top_k}" if top_k else "") + (f", top-p {top_p}" if top_p < 1 else "")
@@ -512,13 +518,18 @@ def section(rows: Sequence[Row], per_seed: Sequence[Row], plots: Path, rel: Path
     for key, group in groups(rows).items():
         group = sort_rows(group)
         title = _group_title(key)
-        slug = f"{prefix}-{_slug(title)}"
+        slug = f"{prefix}-{_group_slug(key)}"
         cols = [*REPORT_COLUMNS]
         if any(len(r.seeds) > 1 for r in group):
             cols.insert(
                 [c[0] for c in cols].index("speedup") + 1,
                 ("speedup range (seeds)", lambda r: _range(ranges.get(r.key))),
             )
+        if any(r.skipped_tokens for r in group):
+            cols += [
+                ("strict agreement", lambda r: _cell(r.strict_agreement, "{:.3f}")),
+                ("full-prefix acc.", lambda r: _cell(r.full_prefix_acceptance, "{:.3f}")),
+            ]
         parts.append(f"### {title}\n\n" + markdown_table(group, cols))
         comparisons = hf_comparisons(group)
         if comparisons:
@@ -605,7 +616,7 @@ def render_report(
         per_seed = build_rows(records)
         pooled = build_rows(records, combine_seeds=True)
         parts.append(f"## {name}\n\n" + provenance(manifest))
-        parts.append(section(pooled, per_seed, plots, Path(plots.name), _slug(name)))
+        parts.append(section(pooled, per_seed, plots, Path(plots.name), _slug(name.split(":")[0])))
     text = "\n".join(parts)
     out.write_text(text)
     if html:

@@ -179,6 +179,8 @@ class Row:
     position_acceptance: list[float] = field(default_factory=list)
     accepted_by_relaxation: int | None = None
     skipped_tokens: int | None = None
+    strict_agreement: float | None = None  # VS: committed tokens strict verification accepts
+    full_prefix_acceptance: float | None = None  # VS: rounds whose whole commit strict accepts
     quality: float | None = None
     quality_metric: str | None = None
     ar_identical: float | None = None  # share of prompts token-identical to greedy AR
@@ -198,6 +200,9 @@ def _stats_fields(row: Row, total: GenerationStats) -> None:
         1000 * total.verify_seconds / total.verifier_calls if total.verifier_calls else None
     )
     row.rounds = total.cycles
+    # shadow-verifier agreement (VS §3), where the engine reports it
+    row.strict_agreement = getattr(total, "strict_agreement", None)
+    row.full_prefix_acceptance = getattr(total, "full_prefix_acceptance", None)
     row.draft_ms_per_round = 1000 * total.draft_seconds / total.cycles if total.cycles else None
     wall = max(total.total_seconds, 1e-12)
     row.time_split = {
