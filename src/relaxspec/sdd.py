@@ -217,6 +217,7 @@ register(
 # ---------------------------------------------------------------------------------------------
 
 SWEEP_MATH_START = 150_000  # math training seeds used for prompts (inside the training range)
+STOP = ("\nQuestion:",)  # as in the math evaluation: stop before the model invents a new problem
 
 
 def training_prompts(
@@ -284,7 +285,7 @@ def sweep_operating_points(
 
     if not prompts:
         raise RelaxSpecError("the sweep needs at least one prompt")
-    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=0)
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, seed=0, stop=STOP)
     models = ModelSet(target=target, diffusion=diffusion)
     ar = build_engine("ar", models)
     ar.generate(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=8))  # warm-up

@@ -329,7 +329,7 @@ def train_survival(
     from relaxspec.methods import ModelSet, build_engine
     from relaxspec.models import load_model
     from relaxspec.proposers.diffusion import load_diffusion
-    from relaxspec.sdd import training_prompts
+    from relaxspec.sdd import STOP, training_prompts
 
     run = run or SurvivalRun()
     run_path = Path(run_dir)
@@ -351,7 +351,7 @@ def train_survival(
         traj = Trajectories.load(cache)
     else:
         prompts = training_prompts(corpus_dir, run.n_math, run.n_code)
-        params = SamplingParams(temperature=0.0, max_new_tokens=run.max_new_tokens, seed=0)
+        params = SamplingParams(temperature=0.0, max_new_tokens=run.max_new_tokens, seed=0, stop=STOP)
         traj = collect_trajectories(engine, prompts, params, progress)
         traj.save(cache)
         settings_file.write_text(json.dumps(settings, indent=1))
