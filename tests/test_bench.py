@@ -1,0 +1,366 @@
+"""The benchmark grid: arithmetic, grid expansion, resume, per-cell failures, bad input, datasets."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from relaxspec import diagnostics
+from relaxspec.acceptance import Verdict
+from relaxspec.bench import BenchConfig, expand_grid, parse_sets, plan, run_bench
+from relaxspec.data.mathgen import extract_answer
+from relaxspec.datasets import file_examples, load_examples, math_examples
+from relaxspec.engine import CycleRecord, GenerationStats
+from relaxspec.errors import RelaxSpecError
+from relaxspec.proposers.base import Proposal
+from relaxspec.results import RECORDS, Cell, build_rows, load_records, speedup, throughput
+
+SAMPLING = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}
+
+
+def record(method: str, example: str, tokens: int, seconds: float, seed: int = 0, **params) -> dict:
+    stats = GenerationStats(new_tokens=tokens, verifier_calls=max(tokens // 2, 1), total_seconds=seconds)
+    return {
+        "type": "record",
+        "cell": Cell(method, params, "math", seed, SAMPLING).to_dict(),
+        "example": example,
+        "tokens": list(range(tokens)),
+        "seconds": seconds,
+        "stats": stats.to_dict(),
+        "error": None,
+    }
+
+
+# --- arithmetic on synthetic timings -----------------------------------------------------------
+
+
+def test_throughput_is_total_tokens_over_total_seconds():
+    assert throughput(30, 3.0) == 10.0
+    assert throughput(5, 0.0) == 0.0
+    assert speedup(20.0, 10.0) == 2.0
+    assert speedup(20.0, None) is None and speedup(20.0, 0.0) is None
+
+
+def test_rows_pool_prompts_and_compare_with_ar_of_the_same_seed():
+    records = [
+        record("ar", "a", 10, 1.0),
+        record("ar", "b", 30, 2.0),  # ar: 40 tokens / 3 s
+        record("sd", "a", 10, 0.1, k=4),
+        record("sd", "b", 30, 1.9, k=4),  # sd: 40 / 2 s; mean of per-prompt rates would be 57.9
+        record("ar", "a", 10, 2.0, seed=1),
+        record("sd", "a", 10, 1.0, seed=1, k=4),
+    ]
+    rows = {(r.method, r.seed): r for r in build_rows(records)}
+    assert rows["ar", 0].tokens_per_second == pytest.approx(40 / 3)
+    assert rows["sd", 0].tokens_per_second == pytest.approx(20.0)
+    assert rows["sd", 0].speedup == pytest.approx(20.0 / (40 / 3))
+    assert rows["sd", 1].speedup == pytest.approx(2.0)  # against ar of seed 1, not seed 0
+    assert rows["sd", 0].tau == pytest.approx(40 / 20)
+    pooled = {r.method: r for r in build_rows(records, combine_seeds=True)}
+    assert pooled["sd"].tokens_per_second == pytest.approx(50 / 3.0)
+    assert pooled["sd"].speedup == pytest.approx((50 / 3.0) / (50 / 5.0))
+    assert pooled["sd"].seeds == [0, 1]
+
+
+def test_agreement_with_greedy_ar():
+    records = [record("ar", "a", 6, 1.0), record("sd", "a", 6, 1.0, k=4), record("nsd", "a", 4, 1.0, k=4)]
+    records[2]["tokens"] = [0, 1, 9, 9]
+    rows = {r.method: r for r in build_rows(records)}
+    assert rows["sd"].ar_identical == 1.0 and rows["sd"].ar_prefix == 6
+    assert rows["nsd"].ar_identical == 0.0 and rows["nsd"].ar_prefix == 2
+
+
+def test_a_rerun_supersedes_a_failed_record():
+    failed = {**record("sd", "a", 0, 0.0, k=4), "error": "boom", "tokens": []}
+    rows = build_rows([record("ar", "a", 4, 1.0), failed, record("sd", "a", 8, 1.0, k=4)])
+    sd = next(r for r in rows if r.method == "sd")
+    assert sd.errors == 0 and sd.prompts == 1 and sd.new_tokens == 8
+
+
+# --- grid ------------------------------------------------------------------------------------
+
+
+def test_parse_sets():
+    assert parse_sets(["nsd.theta=0.9,0.95", "k=4,8", "sdd.accept=lenience"]) == {
+        "nsd": {"theta": [0.9, 0.95]},
+        None: {"k": [4, 8]},
+        "sdd": {"accept": ["lenience"]},
+    }
+    for bad in ("theta", "nsd.theta=", "=3", "nsd.theta=0.9,,1"):
+        with pytest.raises(RelaxSpecError, match="--set expects"):
+            parse_sets([bad])
+
+
+def test_grid_is_the_cross_product_and_hf_assisted_follows_sd():
+    cells = expand_grid(
+        ["sd", "nsd"],
+        ["hf-assisted"],
+        parse_sets(["nsd.theta=0.9,0.95", "k=4,8"]),
+        ["math"],
+        [0, 1],
+        SAMPLING,
+    )
+    by = {}
+    for c in cells:
+        by.setdefault(c.method, []).append(c)
+    assert len(by["ar"]) == 2 and len(by["sd"]) == 4 and len(by["nsd"]) == 8
+    assert sorted({c.params["k"] for c in by["hf-assisted"]}) == [4, 8]
+    assert cells[0].method == "ar"
+
+
+@pytest.mark.parametrize(
+    "methods,peers,sets,match",
+    [
+        (["sd", "fast"], [], [], "unknown method 'fast'"),
+        (["sd"], ["hf-magic"], [], "unknown peer"),
+        (["nsd"], [], ["nsd.thetaa=0.9"], "has no parameter thetaa"),
+        (["nsd"], [], ["nsd.theta=1.5"], "theta"),
+        (["sd"], [], ["nsd.theta=0.9"], "not in --methods"),
+        (["sd"], [], ["bogus=1"], "no method in the grid has a parameter 'bogus'"),
+        (["sd"], ["hf-assisted"], ["hf-assisted.k=0"], "k of 'hf-assisted'"),
+    ],
+)
+def test_grid_bad_input(methods, peers, sets, match):
+    with pytest.raises(RelaxSpecError, match=match):
+        expand_grid(methods, peers, parse_sets(sets), ["math"], [0], SAMPLING)
+
+
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"limit": 0}, "--limit must be an integer >= 1"),
+        ({"seeds": []}, "seeds"),
+        ({"seeds": [-1]}, "seeds"),
+        ({"methods": []}, "no methods"),
+        ({"temperature": -1.0}, "temperature"),
+    ],
+)
+def test_config_bad_input(changes, match):
+    with pytest.raises(RelaxSpecError, match=match):
+        plan(BenchConfig(**{"methods": ["sd"], **changes}))
+
+
+# --- datasets ----------------------------------------------------------------------------------
+
+
+def test_math_answer_extraction():
+    assert extract_answer("Cost: 3 * 4 = 12\n#### 12") == 12
+    assert extract_answer("#### -7 and later #### 9") == -7
+    assert extract_answer("#### 1,000") == 1
+    assert extract_answer("no answer line") is None
+    ex = math_examples(1)[0]
+    assert ex.metric == "exact_match"
+    assert ex.score(f"steps\n#### {ex.answer}") == 1.0
+    assert ex.score(f"#### {ex.answer + 1}") == 0.0
+    assert ex.score("I do not know") == 0.0
+
+
+def test_prompt_files(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "2+2=", "answer": "4", "id": "x"}\n\n{"prompt": "hi", "stop": ["\\n"]}\n')
+    a, b = file_examples(f, 10)
+    assert (a.id, a.answer, a.score("#### 4")) == ("x", 4, 1.0)
+    assert (b.id, b.stop, b.metric) == ("line-3", ("\n",), None)
+    for text, match in [
+        ("not json\n", "not valid JSON"),
+        ('{"id": 1}\n', "non-empty string field 'prompt'"),
+        ('{"prompt": "a", "answer": "x"}\n', "'answer' must be an integer"),
+        ('{"prompt": "a", "stop": "x"}\n', "'stop' must be a list"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(RelaxSpecError, match=match):
+            file_examples(f, 10)
+
+
+def test_dataset_bad_input(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(RelaxSpecError, match="has no examples"):
+        load_examples(str(empty), 5)
+    with pytest.raises(RelaxSpecError, match="limit"):
+        load_examples("math", 0)
+    with pytest.raises(RelaxSpecError, match="unknown dataset"):
+        load_examples("gsm8k", 5)
+    with pytest.raises(RelaxSpecError, match="not found"):
+        load_examples(str(tmp_path / "missing.jsonl"), 5)
+
+
+# --- runs on tiny models ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(["w1 w2", "w3", "w4 w4"])
+        )
+    )
+    return f
+
+
+def config(model_dirs, prompts, out, **kw) -> BenchConfig:
+    target, draft = model_dirs
+    base = dict(
+        methods=["sd", "nsd"],
+        datasets=[str(prompts)],
+        limit=3,
+        max_new_tokens=6,
+        sets=["nsd.theta=0.5,0.9", "k=2"],
+        peers=["hf-generate", "hf-assisted"],
+        models={"target": str(target), "draft": str(draft)},
+        out=str(out),
+        warmup_tokens=2,
+        progress=False,
+    )
+    return BenchConfig(**{**base, **kw})
+
+
+def test_grid_run_resume_and_new_cells(model_dirs, prompts, tmp_path):
+    out = tmp_path / "results"
+    report = run_bench(config(model_dirs, prompts, out, diagnostics=True))
+    labels = {r["label"] for r in report["rows"]}
+    assert labels == {
+        "ar",
+        "sd k=2",
+        "nsd k=2 theta=0.5",
+        "nsd k=2 theta=0.9",
+        "hf-generate",
+        "hf-assisted k=2",
+    }
+    assert all(r["prompts"] == 3 and r["errors"] == 0 for r in report["rows"])
+    rows = {r["label"]: r for r in report["rows"]}
+    assert rows["ar"]["speedup"] == 1.0
+    assert rows["sd k=2"]["ar_identical"] == 1.0  # greedy sd is lossless
+    assert rows["hf-generate"]["ar_identical"] == 1.0  # HF greedy = our greedy AR
+    assert "rejections" in rows["nsd k=2 theta=0.5"]["diagnostics"]
+    for name in ("results.json", "results.csv", "results.md", "manifest.json"):
+        assert (out / name).is_file()
+    n = len(load_records(out))
+    assert n == 6 * 3
+
+    run_bench(config(model_dirs, prompts, out))  # resume: every cell is finished
+    assert len(load_records(out)) == n
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["sessions"]) == 2
+
+    run_bench(config(model_dirs, prompts, out, methods=["sd", "nsd", "topk"]))  # only the new cells run
+    new = load_records(out)[n:]
+    assert len(new) == 3 and {r["cell"]["method"] for r in new} == {"topk"}
+
+
+def test_sampling_grid_writes_greedy_references(model_dirs, prompts, tmp_path):
+    out = tmp_path / "results"
+    report = run_bench(
+        config(model_dirs, prompts, out, temperature=1.0, seeds=[0, 1], peers=[], sets=["k=2"])
+    )
+    assert len([r for r in load_records(out) if r["type"] == "reference"]) == 3
+    assert all(r["ar_identical"] is not None for r in report["rows"])
+    assert {r["seed"] for r in report["rows"]} == {0, 1}
+
+
+def test_a_crash_in_one_cell_is_recorded_and_the_grid_goes_on(model_dirs, prompts, tmp_path):
+    # lenience has no greedy rule: every prompt of that cell fails, the others run
+    report = run_bench(
+        config(model_dirs, prompts, tmp_path / "r", methods=["sd", "lenience"], sets=[], peers=[])
+    )
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["lenience"]["errors"] == 3 and "no acceptance rule for greedy" in rows["lenience"]["error"]
+    assert rows["sd"]["errors"] == 0 and rows["sd"]["prompts"] == 3
+
+
+def test_changed_models_refuse_to_resume(model_dirs, prompts, tmp_path):
+    out = tmp_path / "r"
+    run_bench(config(model_dirs, prompts, out, methods=["sd"], sets=[], peers=[], limit=1))
+    _, draft = model_dirs
+    with pytest.raises(RelaxSpecError, match="different target model"):
+        run_bench(config((draft, draft), prompts, out, methods=["sd"], sets=[], peers=[], limit=1))
+
+
+def test_corrupted_results_file(model_dirs, prompts, tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / RECORDS).write_text('{"type": "record", "cell": {"method": "ar"}}\n')
+    with pytest.raises(RelaxSpecError, match=r"corrupted results file .*line 1"):
+        run_bench(config(model_dirs, prompts, out))
+
+
+def test_unwritable_output(model_dirs, prompts, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(RelaxSpecError, match="cannot write results"):
+        run_bench(config(model_dirs, prompts, blocker / "results"))
+    with pytest.raises(RelaxSpecError, match=r"not a \.json file"):
+        run_bench(config(model_dirs, prompts, tmp_path / "bench.json"))
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """``relaxspec ARGS`` in-process (the CLI's ``main``): (exit status, stdout, stderr)."""
+    from relaxspec.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["relaxspec", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_bench(model_dirs, prompts, tmp_path, monkeypatch, capsys):
+    target, draft = model_dirs
+    common = ["--target", str(target), "--draft", str(draft), "--prompts", str(prompts), "--no-progress"]
+    code, out, err = run_cli(
+        monkeypatch, capsys,
+        "bench", "--methods", "sd,nsd", "--set", "nsd.theta=0.9", "--k", "2", "--seeds", "0",
+        "--max-new-tokens", "4", "--limit", "2", "--peers", "none", "--out", str(tmp_path / "r"), *common,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "nsd k=2" in out and (tmp_path / "r" / "results.md").is_file()
+    for args, message in [
+        (["--methods", "sd,warp"], "unknown method 'warp'"),
+        (["--set", "sd.theta=0.9"], "has no parameter theta"),
+        (["--limit", "0"], "--limit must be"),
+        (["--seeds", "x"], "--seeds expects"),
+        (["--out", "/proc/forbidden/results"], "cannot write results"),
+    ]:
+        code, _, err = run_cli(monkeypatch, capsys, "bench", *args, *common)
+        assert code == 2, (args, err)
+        assert err.startswith("error: ") and message in err
+        assert len(err.strip().splitlines()) == 1
+
+
+# --- diagnostics (pure) -------------------------------------------------------------------------
+
+
+def test_rank_entropy_and_merge():
+    p = torch.tensor([0.5, 0.2, 0.2, 0.1])
+    assert [diagnostics.rank_of(p, t) for t in range(4)] == [0, 1, 1, 3]
+    assert diagnostics.entropy(torch.tensor([0.5, 0.5])) == pytest.approx(0.6931, abs=1e-4)
+    merged = diagnostics.merge_counters(
+        {"n": 1, "xs": [1], "h": {"0": 1}}, {"n": 2, "xs": [2], "h": {"0": 1, "1": 1}}
+    )
+    assert merged == {"n": 3, "xs": [1, 2], "h": {"0": 2, "1": 1}}
+
+
+def test_rejection_analysis_on_a_synthetic_cycle():
+    # target p at 3 draft positions (+ bonus); draft tokens 0, 2, 3; strict accepts 1, relaxed accepts 2
+    p = torch.tensor([[0.6, 0.3, 0.1, 0.0], [0.5, 0.1, 0.4, 0.0], [0.1, 0.1, 0.1, 0.7], [0.25] * 4])[None]
+    q = torch.tensor([[0.9, 0.1, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]])[None]
+    proposal = Proposal(torch.tensor([[0, 2, 3]]), q, torch.tensor([[0.9, 1.0, 1.0]]))
+    verdict = Verdict(torch.tensor([2]), torch.tensor([1]), exact_accepted=torch.tensor([1]))
+    cycle = CycleRecord(
+        position=3, proposal=proposal, skipped=0, target_probs=p, verdict=verdict, chunk=[0, 2, 1]
+    )
+    c = diagnostics.rejection_counters([cycle], theta=0.9)
+    s = diagnostics.rejection_summary(c)
+    assert s["strict_rejected"] == 1 and s["rejected_in_nucleus"] == 1.0 and s["rejected_in_top10"] == 1.0
+    assert s["extra_accepted"] == 1 and s["extra_by_rank"]["1"] == 1.0
+    assert s["extra_in_nucleus_core"] == 0.0  # rank 1 is outside the 0.5-nucleus {token 0}
+    assert s["extra_entropy_draft"] == pytest.approx(0.0)
+    g = diagnostics.gate_summary(diagnostics.gate_counters([cycle]))
+    assert g["positions"] == 2 and g["match_rate"] == 0.5  # position 1 matches, position 2 does not
