@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from relaxspec.acceptance import Greedy, Rule, Verdict, verify
+from relaxspec.acceptance import Gate, Greedy, Rule, Verdict, verify
 from relaxspec.errors import RelaxSpecError
 from relaxspec.proposers.base import Proposal, Proposer
 from relaxspec.sampling import SamplingParams
@@ -282,6 +282,12 @@ class Engine:
             eos_token_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
         self.eos_token_ids = set(eos_token_ids)
 
+    def _extra_token(self, rule: Rule | None) -> int:
+        """1 if a cycle may emit a token beyond the draft (recovered or bonus), else 0."""
+        if isinstance(rule, Gate) or getattr(self.scheduler, "commit_first", False):
+            return 0
+        return 1
+
     def _rule_for(self, params: SamplingParams) -> Rule:
         rule = self.greedy_rule if params.greedy else self.rule
         if rule is None:
@@ -356,7 +362,9 @@ class Engine:
         generated = 0
         while generated < budget:
             remaining = budget - generated
-            k = min(self.k, remaining - 1) if self.proposer is not None else 0
+            # A verified cycle can emit k + 1 tokens (recovered/bonus); Gate and always-commit
+            # schedulers (MARS) emit at most k, so the last token of the budget is drafted too.
+            k = min(self.k, remaining - self._extra_token(rule)) if self.proposer is not None else 0
             proposal: Proposal | None = None
             skip = 0
             target_probs: torch.Tensor | None = None

@@ -106,6 +106,11 @@ class ConfidenceSkip:
             raise RelaxSpecError(f"s_max ({self.s_max}) must be >= k_min ({self.k_min})")
 
     def skip_length(self, proposal: Proposal, state: SchedulerState) -> int:
+        if self.commit_first:
+            # MARS: the first token is committed whatever its confidence; the gate runs from
+            # position 2 on.
+            rest = torch.cummin(proposal.confidence[0, 1:].float(), dim=0).values
+            return 1 + longest_passing_prefix(rest, self.tau)
         local = torch.cummin(proposal.confidence[0].float(), dim=0).values
         k = min(
             longest_passing_prefix(local, self.tau),
@@ -113,8 +118,6 @@ class ConfidenceSkip:
                 self.signal.prefix_scores(proposal), self.tau if self.signal_tau is None else self.signal_tau
             ),
         )
-        if self.commit_first:
-            return max(1, k)
         if k >= max(self.k_min, 1) and state.unverified_run < self.s_max:
             return k
         return 0

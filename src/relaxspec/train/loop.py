@@ -241,4 +241,4 @@ def train(
             f"{last or 'the start (no checkpoint yet)'}"
         ) from None
     bar.close()
-    return accelerator.unwrap_model(model), state
+    return accelerator.unwrap_model(model, keep_fp32_wrapper=False), state
