@@ -218,7 +218,7 @@ def rejection_summary(c: Counters) -> dict[str, Any]:
         "rejected_in_top10": _ratio(c["rejected_in_top10"], n_rej),
         "extra_accepted": n_extra,
         "extra_in_nucleus_core": _ratio(c["extra_in_nucleus_core"], n_extra),
-        "extra_in_top5": _ratio(sum(c["extra_rank"][_bin(r)] for r in range(5)), n_extra),
+        "extra_in_top5": _ratio(sum(c["extra_rank"].get(_bin(r), 0) for r in range(5)), n_extra),
         "extra_by_rank": {b: _ratio(n, n_extra) for b, n in c["extra_rank"].items()} if n_extra else {},
         "rejected_by_rank": {b: _ratio(n, n_rej) for b, n in c["rejected_rank"].items()} if n_rej else {},
         "extra_entropy_draft": _ratio(c["extra_entropy_draft"], n_q),

@@ -285,6 +285,9 @@ def plot_acceptance(rows: Sequence[Row], path: Path, title: str) -> Path | None:
         ylim=(0, 1.02),
         title=f"per-position acceptance · {title}",
     )
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2)
     return _save(fig, path)
@@ -552,7 +555,7 @@ def section(rows: Sequence[Row], per_seed: Sequence[Row], plots: Path, rel: Path
         if errors:
             parts.append(
                 "Failed cells:\n\n"
-                + "\n".join(f"- {r.label} (seed {r.seed}): `{r.error}`" for r in errors)
+                + "\n".join(f"- {r.label} ({r.errors} failed prompts): `{r.error}`" for r in errors)
                 + "\n"
             )
     return "\n".join(parts)
