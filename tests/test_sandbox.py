@@ -85,7 +85,9 @@ def test_memory_and_output_are_limited():
 
 
 def test_writing_inside_the_sandbox_directory_works():
-    assert run_python("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\n").passed
+    assert run_python(
+        "open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\n"
+    ).passed
 
 
 def test_bad_timeout():
