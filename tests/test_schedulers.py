@@ -108,7 +108,8 @@ TABLE = [
         0,
         1,
     ),
-    ("MARS commit-first: at least one", ConfidenceSkip(0.9, commit_first=True), [0.1, 0.99], 99, 1),
+    ("MARS commit-first: first always", ConfidenceSkip(0.9, commit_first=True), [0.1, 0.5, 0.99], 99, 1),
+    ("MARS commit-first: gate from 2nd", ConfidenceSkip(0.9, commit_first=True), [0.1, 0.99, 0.5], 99, 2),
     ("MARS commit-first: prefix", ConfidenceSkip(0.9, commit_first=True), HIGH8, 99, 6),
     (
         "marginal: running min of P(L>=j)",
