@@ -34,6 +34,7 @@ VS permutation diagnostic; the benchmark runs every diagnostic that ``applies`` 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -404,8 +405,18 @@ register_diagnostic(
 
 
 def collect(generation: Generation) -> dict[str, Counters]:
-    """Counters of every diagnostic that applies to the generation's method."""
-    return {d.name: d.collect(generation) for d in diagnostics_for(generation.method)}
+    """Counters of every diagnostic that applies to the generation's method.
+
+    A diagnostic that fails is left out of this generation (with a warning) so that the
+    generation's timing record is never lost to an analysis bug.
+    """
+    out = {}
+    for d in diagnostics_for(generation.method):
+        try:
+            out[d.name] = d.collect(generation)
+        except Exception as err:  # an analysis bug must not lose the measurement
+            warnings.warn(f"diagnostic {d.name!r} failed on {generation.method}: {err}", stacklevel=2)
+    return out
 
 
 def summarize(counters: dict[str, Counters]) -> dict[str, dict[str, Any]]:
