@@ -1,4 +1,4 @@
-"""The ``relaxspec`` command line: generate, theory, bench, data, train, eval.
+"""The ``relaxspec`` command line: generate, theory, bench, data, train, eval, serve, loadtest.
 
 Every command validates its input through the library (one :class:`RelaxSpecError` per problem),
 prints ``error: <message>`` on one line and exits with status 2 on bad input.
@@ -559,6 +559,138 @@ def eval_cmd(
 
     report = evaluate_model(_model_dir(model, "target"), corpus, limit=limit, out=out)
     print(json.dumps(report, indent=1))
+
+
+@app.command("serve")
+def serve_cmd(
+    method: Annotated[str, typer.Option(help="default method of requests that do not override it")] = "nsd",
+    k: Annotated[int | None, typer.Option(help="draft length K")] = None,
+    theta: Annotated[float | None, typer.Option(help="nucleus threshold θ (nsd) / gate θ (prove)")] = None,
+    accept_k: Annotated[int | None, typer.Option(help="accept among the target's top-k (topk)")] = None,
+    epsilon: Annotated[float | None, typer.Option(help="typical acceptance ε")] = None,
+    delta: Annotated[float | None, typer.Option(help="typical acceptance δ")] = None,
+    ell: Annotated[float | None, typer.Option(help="lenience ℓ")] = None,
+    block_size: Annotated[int | None, typer.Option(help="tokens per block proposal (mars, prove*)")] = None,
+    tau: Annotated[float | None, typer.Option(help="confidence threshold τ (mars)")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="other method parameter name=value (repeatable)")
+    ] = None,
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: int = 8000,
+    max_concurrency: Annotated[int, typer.Option(help="sequences decoded at once")] = 8,
+    max_queue: Annotated[int, typer.Option(help="requests waiting for a slot; more get 429")] = 64,
+    max_tokens_cap: Annotated[
+        int | None, typer.Option(help="largest max_tokens a request may ask for (default: the context)")
+    ] = None,
+    default_max_tokens: Annotated[int, typer.Option(help="max_tokens of completions that omit it")] = 16,
+    model_name: Annotated[str, typer.Option(help="the model id clients pass as 'model'")] = "relaxspec",
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    block: Annotated[Path | None, typer.Option(help="block proposer directory (mars, prove*)")] = None,
+    diffusion: Annotated[Path | None, typer.Option(help="diffusion drafter directory (sdd*)")] = None,
+    survival: Annotated[Path | None, typer.Option(help="survival predictor directory (sdd-skip)")] = None,
+    extra_models: Annotated[
+        bool, typer.Option(help="also load the other bundled models so requests can switch methods")
+    ] = True,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    import uvicorn
+
+    from relaxspec.methods import resolve_params
+    from relaxspec.server import create_app, load_serving_models, serving_tokenizer_and_context
+    from relaxspec.serving import ServingPool
+
+    params = _method_params(
+        k=k,
+        theta=theta,
+        accept_k=accept_k,
+        epsilon=epsilon,
+        delta=delta,
+        ell=ell,
+        block_size=block_size,
+        tau=tau,
+    )
+    params.update(_training_overrides(set_))
+    resolve_params(method, params)  # bad method or parameter: fail before loading models
+    paths = {"target": target, "draft": draft, "block": block, "diffusion": diffusion, "survival": survival}
+    models = load_serving_models(method, paths, extra_roles=extra_models)
+    pool = ServingPool(models, method, params, max_concurrency=max_concurrency, max_queue=max_queue)
+    tokenizer, context = serving_tokenizer_and_context(models, method)
+    app = create_app(
+        pool,
+        model_name,
+        tokenizer,
+        context,
+        max_tokens_cap=max_tokens_cap,
+        default_max_tokens=default_max_tokens,
+    )
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+@app.command("loadtest")
+def loadtest_cmd(
+    url: Annotated[str, typer.Option(help="server to load (ignored with --spawn)")] = "http://127.0.0.1:8000",
+    concurrency: Annotated[str, typer.Option(help="comma-separated concurrency levels")] = "1,2,4,8,16,32",
+    requests: Annotated[int, typer.Option(help="requests per level and method")] = 64,
+    max_tokens: int = 64,
+    method: Annotated[
+        str | None, typer.Option(help="comma-separated methods, e.g. ar,nsd (default: the server's)")
+    ] = None,
+    dataset: Annotated[str, typer.Option(help="math, code, humaneval or a .jsonl prompt file")] = "math",
+    limit: Annotated[int, typer.Option(help="distinct prompts (requests cycle through them)")] = 64,
+    temperature: float = 0.0,
+    seed: Annotated[int | None, typer.Option(help="seed sent with every request")] = 0,
+    warmup: Annotated[int, typer.Option(help="unrecorded requests per method first")] = 8,
+    timeout: Annotated[float, typer.Option(help="seconds per request")] = 600.0,
+    spawn: Annotated[
+        bool, typer.Option(help="start one `relaxspec serve` per method on a free port")
+    ] = False,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    model: Annotated[
+        list[str] | None, typer.Option(help="spawned servers: model of another role, role=DIR")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="spawned servers: method parameter name=value")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="JSON report")] = Path("results/loadtest.json"),
+) -> None:
+    """Throughput, p50/p99 latency and time to first token per concurrency level (and speedup vs ar)."""
+    from relaxspec.loadtest import LoadtestConfig, load_prompts, print_table, run_loadtest, write_report
+
+    spawn_args: list[str] = []
+    for flag, path in (("--target", target), ("--draft", draft)):
+        if path is not None:
+            spawn_args += [flag, str(path)]
+    for item in model or []:
+        role, sep, path = item.partition("=")
+        if not sep or not role or not path:
+            raise RelaxSpecError(f"--model expects role=DIR, got {item!r}")
+        spawn_args += [f"--{role}", path]
+    for item in set_ or []:
+        spawn_args += ["--set", item]
+    config = LoadtestConfig(
+        url=url,
+        concurrency=_int_list(concurrency, "concurrency"),
+        requests=requests,
+        max_tokens=max_tokens,
+        methods=[m.strip() for m in method.split(",") if m.strip()] if method else [],
+        dataset=dataset,
+        temperature=temperature,
+        seed=seed,
+        warmup=warmup,
+        timeout=timeout,
+        spawn=spawn,
+        spawn_args=spawn_args,
+    )
+    prompts = load_prompts(dataset, limit)
+    report = run_loadtest(config, prompts, progress=lambda text: print(f"measuring {text}", file=sys.stderr))
+    print_table(report)
+    write_report(report, out)
+    print(f"wrote {out}", file=sys.stderr)
+    if report["failed"]:
+        raise RelaxSpecError(f"{report['failed']} requests failed (see 'errors' in {out})")
 
 
 def main() -> None:
