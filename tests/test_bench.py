@@ -121,6 +121,7 @@ def test_grid_is_the_cross_product_and_hf_assisted_follows_sd():
         (["sd"], [], ["nsd.theta=0.9"], "not in --methods"),
         (["sd"], [], ["bogus=1"], "no method in the grid has a parameter 'bogus'"),
         (["sd"], ["hf-assisted"], ["hf-assisted.k=0"], "k of 'hf-assisted'"),
+        (["sd"], ["hf-assisted"], ["hf-assisted.confidence=1.5"], "confidence of 'hf-assisted'"),
     ],
 )
 def test_grid_bad_input(methods, peers, sets, match):

@@ -177,7 +177,10 @@ def expand_grid(
     params = {r: _grid_params(r, sets) for r in runners}
     if "hf-assisted" in params and "k" not in {**sets.get(None, {}), **sets.get("hf-assisted", {})}:
         ks = sorted({p["k"] for p in params.get("sd", [])}) or [get_method("sd").params["k"]]
-        params["hf-assisted"] = [resolve_runner("hf-assisted", {"k": k}) for k in ks]
+        confidence = {**sets.get(None, {}), **sets.get("hf-assisted", {})}.get("confidence", [0.0])
+        params["hf-assisted"] = [
+            resolve_runner("hf-assisted", {"k": k, "confidence": c}) for k in ks for c in confidence
+        ]
     return [
         Cell(r, p, d, s, dict(sampling)) for d in datasets for s in seeds for r in runners for p in params[r]
     ]

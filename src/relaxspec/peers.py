@@ -41,9 +41,12 @@ class PeerSpec:
 
 def _assisted_kwargs(models: ModelSet, p: dict[str, Any]) -> dict[str, Any]:
     assistant = models.require("draft", "hf-assisted").model
-    # Like for like with our sd: K draft tokens per round, not HF's adaptive schedule.
+    # Like for like with our sd: K draft tokens per round ("constant" schedule) and, by default, no
+    # early stop of the draft on low assistant confidence (HF's own default is 0.4: --set
+    # hf-assisted.confidence=0.4 measures that).
     assistant.generation_config.num_assistant_tokens = p["k"]
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = p["confidence"]
     return {"assistant_model": assistant}
 
 
@@ -55,7 +58,7 @@ PEERS: dict[str, PeerSpec] = {
             "hf-assisted",
             "Hugging Face assisted generation (assistant_model=draft, k tokens per round)",
             ("target", "draft"),
-            {"k": 8},
+            {"k": 8, "confidence": 0.0},
             _assisted_kwargs,
         ),
         PeerSpec(
@@ -100,6 +103,9 @@ def resolve_runner(name: str, params: dict[str, Any]) -> dict[str, Any]:
     k = resolved.get("k", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RelaxSpecError(f"k of {name!r} must be an integer >= 1, got {k!r}")
+    c = resolved.get("confidence", 0.0)
+    if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c < 1:
+        raise RelaxSpecError(f"confidence of {name!r} must be a number in [0, 1), got {c!r}")
     return resolved
 
 

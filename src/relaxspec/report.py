@@ -105,18 +105,18 @@ def _pooled_key(r: Row) -> str:
 
 def hf_comparisons(rows: Sequence[Row]) -> list[dict[str, Any]]:
     """Our ``ar`` vs ``hf-generate`` and our ``sd`` vs ``hf-assisted`` at the same k (pooled rows)."""
-    out = []
-    by = {(r.method, tuple(sorted(r.params.items()))): r for r in rows if r.prompts}
-    ar, hf = by.get(("ar", ())), by.get(("hf-generate", ()))
-    if ar and hf:
-        out.append(_comparison("our ar vs HF generate()", ar, hf, None))
-    for (method, params), r in sorted(by.items(), key=lambda x: str(x[0])):
-        if method == "sd":
-            peer = by.get(("hf-assisted", tuple(sorted({"k": dict(params)["k"]}.items()))))
-            if peer:
-                out.append(
-                    _comparison(f"our {r.label} vs HF assisted k={dict(params)['k']}", r, peer, HF_GOAL)
-                )
+    ok = [r for r in rows if r.prompts]
+    out = [
+        _comparison("our ar vs HF generate()", ar, hf, None)
+        for ar in ok
+        if ar.method == "ar"
+        for hf in ok
+        if hf.method == "hf-generate"
+    ]
+    for sd in sorted((r for r in ok if r.method == "sd"), key=lambda r: r.params["k"]):
+        for hf in ok:
+            if hf.method == "hf-assisted" and hf.params.get("k") == sd.params["k"]:
+                out.append(_comparison(f"our {sd.label} vs HF assisted ({hf.label})", sd, hf, HF_GOAL))
     return out
 
 
