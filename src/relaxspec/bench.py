@@ -113,12 +113,12 @@ def parse_models(
 
 
 def parse_value(text: str) -> Any:
-    """A ``--set`` value: a JSON scalar (number, true/false) as such, anything else as a string."""
+    """A ``--set`` value: a JSON scalar (number, true/false, null) as such, anything else a string."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
         return text
-    return value if isinstance(value, int | float | bool | str) else text
+    return value if value is None or isinstance(value, int | float | bool | str) else text
 
 
 def parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, list[Any]]]:
@@ -332,9 +332,7 @@ def _progress(enabled: bool):
     )
 
 
-def fitting_examples(
-    examples: dict[str, list[Example]], models: ModelSet, max_new_tokens: int
-) -> dict[str, list[Example]]:
+def fitting_examples(examples: dict[str, list[Example]], models: ModelSet) -> dict[str, list[Example]]:
     """Drop prompts that leave no room to generate in the smallest context window of the run.
 
     Every cell then sees the same prompts (a prompt too long for the context would otherwise fail
@@ -383,13 +381,29 @@ def warm_up(
     return runners, broken
 
 
-def run_cell(runner: Runner, cell: Cell, ex: Example, exec_timeout: float) -> dict[str, Any]:
+def run_cell(runner: Runner, ex: Example, seed: int, exec_timeout: float) -> dict[str, Any]:
     """One timed generation plus its (untimed) quality score, as record fields; errors recorded."""
     try:
-        out = runner(ex, cell.seed, None)
+        out = runner(ex, seed, None)
         return {**out, "metric": ex.metric, "quality": ex.score(out["text"], exec_timeout), "error": None}
     except Exception as err:  # recorded in the cell, the grid goes on
         return {"error": _error(err)}
+
+
+def reference_record(runner: Runner, dataset: str, ex: Example, max_new_tokens: int) -> dict[str, Any] | None:
+    """Greedy AR tokens of one prompt (for agreement when the grid samples); None if it fails."""
+    try:
+        tokens = runner(ex, 0, None)["tokens"]
+    except Exception as err:  # agreement is then missing for this prompt only
+        print(f"warning: greedy AR reference failed on {ex.id}: {_error(err)}", file=sys.stderr)
+        return None
+    return {
+        "type": "reference",
+        "dataset": dataset,
+        "example": ex.id,
+        "max_new_tokens": max_new_tokens,
+        "tokens": tokens,
+    }
 
 
 def run_bench(config: BenchConfig) -> dict[str, Any]:
@@ -405,18 +419,18 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         {role: {"path": str(p), "fingerprint": model_fingerprint(p)} for role, p in paths.items()}
     )
     models = load_role_models(paths)
-    examples = fitting_examples(examples, models, config.max_new_tokens)
+    examples = fitting_examples(examples, models)
     session = store.start_session(config.command or " ".join(sys.argv))
 
     done = store.done()
     pending = [(c, ex) for c in cells for ex in examples[c.dataset] if (c.key, ex.id) not in done]
     refs = references(store.records)
-    need_ref = [
-        (d, ex)
+    need_ref = {
+        (d, ex.id)
         for d in config.datasets
         for ex in examples[d]
         if config.temperature > 0 and ex.id not in refs.get((d, config.max_new_tokens), {})
-    ]
+    }
     runners, broken = warm_up(list({c.key: c for c, _ in pending}.values()), models, examples, config)
     reference = make_runner(Cell("ar", {}, "", 0, {**cells[0].sampling, "temperature": 0.0}), models, False)
     todo = {(c.key, ex.id) for c, ex in pending}
@@ -427,19 +441,11 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         for dataset in config.datasets:
             row_cells = [c for c in cells if c.dataset == dataset]
             for i, ex in enumerate(examples[dataset]):
-                if (dataset, ex) in need_ref:
+                if (dataset, ex.id) in need_ref:
                     progress.update(task, cell=f"greedy AR reference · {ex.id}")
-                    out = run_cell(reference, Cell("ar", {}, dataset, 0, {}), ex, config.exec_timeout)
-                    if out["error"] is None:
-                        store.append(
-                            {
-                                "type": "reference",
-                                "dataset": dataset,
-                                "example": ex.id,
-                                "max_new_tokens": config.max_new_tokens,
-                                "tokens": out["tokens"],
-                            }
-                        )
+                    ref = reference_record(reference, dataset, ex, config.max_new_tokens)
+                    if ref is not None:
+                        store.append(ref)
                     progress.advance(task)
                 shift = i % max(len(row_cells), 1)
                 for cell in row_cells[shift:] + row_cells[:shift]:  # rotate to spread drift
@@ -449,7 +455,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
                     if cell.label in broken:
                         out = {"error": broken[cell.label]}
                     else:
-                        out = run_cell(runners[cell.label], cell, ex, config.exec_timeout)
+                        out = run_cell(runners[cell.label], ex, cell.seed, config.exec_timeout)
                     store.append({**base, "cell": cell.to_dict(), "example": ex.id, **out})
                     progress.advance(task)
 
