@@ -9,6 +9,10 @@ rejected (or placeholder) token ever survives a cycle.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -47,11 +51,7 @@ class CachedLM:
         saving the LM head on the rest) or ``T`` if it is 0. The cache grows by ``T``.
         """
         n_new = tokens.shape[1]
-        if self.length + n_new > self.context_length:
-            raise RelaxSpecError(
-                f"sequence of {self.length + n_new} tokens exceeds the {self.name}'s context window "
-                f"of {self.context_length}"
-            )
+        self._check_room(n_new)
         out = self.model(
             input_ids=tokens.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
         )
@@ -60,6 +60,13 @@ class CachedLM:
         logits = out.logits.float()
         check_finite(logits, f"the {self.name}")
         return logits
+
+    def _check_room(self, n_new: int) -> None:
+        if self.length + n_new > self.context_length:
+            raise RelaxSpecError(
+                f"sequence of {self.length + n_new} tokens exceeds the {self.name}'s context window "
+                f"of {self.context_length}"
+            )
 
     def feed_committed(
         self, ids: torch.Tensor, extra: torch.Tensor | None = None, logits_to_keep: int = 1
@@ -82,3 +89,25 @@ class CachedLM:
         if length < self.length:
             self.cache.crop(length - self.length)  # transformers 5: negative = tokens to remove
             self.length = length
+
+
+# Who builds the CachedLMs of engines constructed in this context: the default is one private
+# cache per model; the server's batcher substitutes rows of a shared, batched cache.
+LMFactory = Callable[[PreTrainedModel, str], CachedLM]
+_FACTORY: ContextVar[LMFactory | None] = ContextVar("relaxspec_lm_factory", default=None)
+
+
+def make_lm(model: PreTrainedModel, name: str = "model") -> CachedLM:
+    """A :class:`CachedLM` for ``model`` (or what the active :func:`lm_factory` makes)."""
+    factory = _FACTORY.get()
+    return CachedLM(model, name) if factory is None else factory(model, name)
+
+
+@contextmanager
+def lm_factory(factory: LMFactory) -> Iterator[None]:
+    """Engines constructed inside this block get their CachedLMs from ``factory``."""
+    token = _FACTORY.set(factory)
+    try:
+        yield
+    finally:
+        _FACTORY.reset(token)

@@ -1,9 +1,12 @@
-"""Serving many requests on one set of models: admission control and one engine per request.
+"""Serving many requests on one set of models: admission control and continuous batching.
 
 :class:`ServingPool` is what the HTTP server calls. ``submit`` runs one generation in the caller's
-thread with its own :class:`Engine` (its own caches and random generator), so requests never share
-decoding state; the pool caps concurrent sequences and queued requests and answers past the caps
-with :class:`Overloaded`. A cancelled request (client gone) stops at its next committed chunk.
+thread with its own :class:`Engine` (its own decoding state and random generator). With
+``batching=True`` the engines' caches are rows of shared batched caches
+(:mod:`relaxspec.batching`), so concurrent requests share one verifier forward (and one draft
+forward) per step, join and leave between steps, and each row accepts its own number of tokens.
+The pool caps concurrent sequences and queued requests and answers past the caps with
+:class:`Overloaded`. A cancelled request (client gone) stops at its next committed chunk.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from relaxspec.batching import Batcher
 from relaxspec.engine import GenerationResult
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
@@ -47,8 +51,9 @@ class ServingPool:
     """Admission control + per-request engines over shared models.
 
     max_concurrency: sequences decoded at once; max_queue: requests allowed to wait for a slot
-    (more are rejected with :class:`Overloaded`). ``default_method``/``default_params`` apply
-    when a request does not override them.
+    (more are rejected with :class:`Overloaded`); batching: share batched forwards across the
+    running requests (off: each request decodes alone, in parallel threads).
+    ``default_method``/``default_params`` apply when a request does not override them.
     """
 
     def __init__(
@@ -58,6 +63,7 @@ class ServingPool:
         default_params: dict[str, Any] | None = None,
         max_concurrency: int = 8,
         max_queue: int = 64,
+        batching: bool = True,
     ) -> None:
         if max_concurrency < 1 or max_queue < 0:
             raise RelaxSpecError("max_concurrency must be >= 1 and max_queue >= 0")
@@ -71,6 +77,7 @@ class ServingPool:
         self._waiting = 0
         self._active = 0
         self.stats = PoolStats()
+        self.batcher = Batcher() if batching else None
         self._check_method_models(default_method)
 
     @property
@@ -110,7 +117,11 @@ class ServingPool:
     ) -> GenerationResult:
         """Run one request to completion in the calling thread (blocking)."""
         method, params = self.resolve(method, method_params)
-        engine = build_engine(method, self.models, **params)
+        if self.batcher is not None:
+            with self.batcher.building() as rows:
+                engine = build_engine(method, self.models, **params)
+        else:
+            engine, rows = build_engine(method, self.models, **params), []
         engine.encode(prompt)  # validate the prompt before taking a slot
         with self._lock:
             self.stats.requests += 1
@@ -138,7 +149,11 @@ class ServingPool:
         try:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
-            result = engine.generate(prompt, sampling, on_chunk=chunk_hook)
+            if self.batcher is not None:
+                with self.batcher.running(rows):
+                    result = engine.generate(prompt, sampling, on_chunk=chunk_hook)
+            else:
+                result = engine.generate(prompt, sampling, on_chunk=chunk_hook)
         except Cancelled:
             with self._lock:
                 self.stats.cancelled += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from relaxspec.kv import CachedLM
+from relaxspec.kv import make_lm
 from relaxspec.sampling import SamplingParams, processed_probs
 
 
@@ -18,7 +18,7 @@ class Verifier:
     """
 
     def __init__(self, model: PreTrainedModel, name: str = "target") -> None:
-        self.lm = CachedLM(model, name=name)
+        self.lm = make_lm(model, name=name)
 
     @property
     def calls(self) -> int:

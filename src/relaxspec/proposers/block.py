@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from relaxspec.errors import RelaxSpecError
-from relaxspec.kv import CachedLM
+from relaxspec.kv import make_lm
 from relaxspec.proposers.base import Proposal
 from relaxspec.sampling import SamplingParams, processed_probs, sample
 
@@ -81,7 +81,7 @@ class BlockProposer:
                 f"the block proposer needs a placeholder token id in [0, {vocab}), got {mask_token_id!r}"
             )
         self.mask_token_id = mask_token_id
-        self.lm = CachedLM(model, name="block proposer")
+        self.lm = make_lm(model, name="block proposer")
 
     @classmethod
     def from_pretrained(

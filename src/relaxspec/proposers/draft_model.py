@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from relaxspec.kv import CachedLM
+from relaxspec.kv import make_lm
 from relaxspec.proposers.base import Proposal
 from relaxspec.sampling import SamplingParams, processed_probs, sample
 
@@ -22,7 +22,7 @@ class DraftModel:
     name = "draft"
 
     def __init__(self, model: PreTrainedModel) -> None:
-        self.lm = CachedLM(model, name="draft model")
+        self.lm = make_lm(model, name="draft model")
 
     @property
     def calls(self) -> int:
