@@ -100,13 +100,32 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 def _validation_error(err: ValidationError) -> APIError:
-    """The first pydantic error as a 400 naming the offending field."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    """The first pydantic error as a 400 naming the offending field.
+
+    A value that matches no member of a union (e.g. ``prompt``) fails once per member, each with
+    the member's type in its location; those are reported once, at their common location.
+    """
+    errors = err.errors()
+    first = errors[0]
+    same_field = [tuple(e["loc"]) for e in errors if e["loc"][:1] == first["loc"][:1]]
+    loc_parts = _common_prefix(same_field)
+    loc = ".".join(str(p) for p in loc_parts)
     if first["type"] == "missing":
         return bad_request(f"missing required field {loc!r}", param=loc, code="missing_field")
+    messages = list(dict.fromkeys(e["msg"] for e in errors if tuple(e["loc"])[: len(loc_parts)] == loc_parts))
     where = f"{loc}: " if loc else ""
-    return bad_request(f"invalid request: {where}{first['msg']}", param=loc or None, code="invalid_value")
+    detail = "; ".join(messages[:3])
+    return bad_request(f"invalid request: {where}{detail}", param=loc or None, code="invalid_value")
+
+
+def _common_prefix(locs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    prefix = locs[0]
+    for loc in locs[1:]:
+        n = 0
+        while n < min(len(prefix), len(loc)) and prefix[n] == loc[n]:
+            n += 1
+        prefix = prefix[:n]
+    return prefix
 
 
 def _error_from_exception(err: BaseException) -> APIError:
@@ -302,14 +321,16 @@ def _count_tokens(config: ServerConfig, prompt: str | list[int]) -> int:
     return len(config.tokenizer(prompt)["input_ids"])
 
 
-def _max_tokens(config: ServerConfig, requested: int | None, prompt_tokens: int, default: int | None) -> int:
+def _max_tokens(
+    config: ServerConfig, requested: int | None, prompt_tokens: int, default: int | None, prompt_param: str
+) -> int:
     """The token budget: checked against the context window left after the prompt and the cap."""
     room = config.context_length - prompt_tokens
     if room <= 0:
         raise bad_request(
             f"the prompt has {prompt_tokens} tokens but the model's context window is "
             f"{config.context_length}; shorten it",
-            "prompt",
+            prompt_param,
             "context_length_exceeded",
         )
     cap = min(room, config.max_tokens_cap or room)
@@ -382,7 +403,9 @@ def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | 
         stop = _stops(req.stop)
         requested, default = req.max_tokens, config.default_max_tokens
     prompt_tokens = _count_tokens(config, prompt)
-    max_tokens = _max_tokens(config, requested, prompt_tokens, default)
+    max_tokens = _max_tokens(
+        config, requested, prompt_tokens, default, "messages" if endpoint == "chat" else "prompt"
+    )
     method, params = _method(pool, req.relaxspec)
     try:
         sampling = SamplingParams(
@@ -944,3 +967,58 @@ def serving_tokenizer_and_context(models: ModelSet, method: str) -> tuple[Any, i
     if not primary:
         raise RelaxSpecError(f"method {method!r} has no loaded Hugging Face model to take a tokenizer from")
     return primary[0].tokenizer, min(m.context_length for m in loaded)
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving in-process
+
+
+class BackgroundServer:
+    """Run an app with uvicorn on a loopback port in a daemon thread (tests, notebooks).
+
+    ``with BackgroundServer(app) as url: ...`` binds a free port (``port=0``) before starting, so
+    ``url`` is usable as soon as the block starts; leaving the block shuts the server down.
+    """
+
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        import uvicorn
+
+        self.host = host
+        self.port = port
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> str:
+        import socket
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = int(sock.getsockname()[1])
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True, name="relaxspec-server"
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RelaxSpecError(f"the server did not start on {self.url}")
+            time.sleep(0.01)
+        return self.url
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

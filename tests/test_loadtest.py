@@ -1,0 +1,198 @@
+"""The load test: percentile/throughput arithmetic, and short runs against a loopback server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from relaxspec.errors import RelaxSpecError
+from relaxspec.loadtest import (
+    LevelResult,
+    LoadtestConfig,
+    Prompt,
+    RequestRecord,
+    percentile,
+    print_table,
+    run_loadtest,
+    speedups,
+    summarize,
+    write_report,
+)
+from relaxspec.methods import ModelSet
+from relaxspec.models import load_model
+from relaxspec.server import BackgroundServer, create_app
+from relaxspec.serving import ServingPool
+
+# --- arithmetic -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 100])
+@pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 100])
+def test_percentile_matches_numpy(n, q):
+    values = list(np.random.default_rng(n).exponential(size=n))
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_edge_cases():
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0  # order does not matter
+    assert percentile([1.0, 2.0], 50) == 1.5
+    with pytest.raises(RelaxSpecError, match="percentile"):
+        percentile([1.0], 101)
+
+
+def test_summarize_synthetic_level():
+    ok = [
+        RequestRecord(
+            True, latency=0.1 * (i + 1), ttft=0.01 * (i + 1), completion_tokens=10, verifier_calls=4
+        )
+        for i in range(10)
+    ]
+    failed = [RequestRecord(False, latency=0.05, error="HTTP 429: busy")] * 2
+    level = summarize("nsd", 4, [*ok, *failed], wall_seconds=2.0)
+    assert level.requests == 12 and level.failed == 2
+    assert level.completion_tokens == 100
+    assert level.throughput == pytest.approx(50.0)  # total tokens / wall time, failures add none
+    assert level.latency_p50 == pytest.approx(0.55)  # over successful requests only
+    assert level.latency_p99 == pytest.approx(float(np.percentile([r.latency for r in ok], 99)))
+    assert level.ttft_p50 == pytest.approx(0.055)
+    assert level.tau == pytest.approx(2.5)
+    assert level.errors == ["HTTP 429: busy"]
+
+
+def test_summarize_all_failed():
+    level = summarize("ar", 1, [RequestRecord(False, 0.1, error="x")], wall_seconds=0.1)
+    assert level.failed == 1 and level.throughput == 0.0
+    assert level.latency_p50 is None and level.ttft_p99 is None and level.tau is None
+
+
+def _level(method: str, c: int, throughput: float) -> LevelResult:
+    return LevelResult(method, c, 1, 0, 1.0, int(throughput), throughput, None, None, None, None, None)
+
+
+def test_speedups_relative_to_ar_at_the_same_concurrency():
+    levels = [_level("ar", 1, 10), _level("nsd", 1, 32), _level("ar", 32, 100), _level("nsd", 32, 160)]
+    levels.append(_level("nsd", 8, 50))  # no ar at C=8: no ratio
+    assert speedups(levels) == {"nsd": {1: pytest.approx(3.2), 32: pytest.approx(1.6)}}
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (LoadtestConfig(concurrency=[]), "concurrency"),
+        (LoadtestConfig(concurrency=[0, 2]), "concurrency"),
+        (LoadtestConfig(requests=0), "requests"),
+        (LoadtestConfig(max_tokens=0), "max_tokens"),
+        (LoadtestConfig(spawn=True), "--spawn needs --method"),
+        (LoadtestConfig(url="localhost:8000"), "http://"),
+    ],
+)
+def test_bad_config(config, message):
+    with pytest.raises(RelaxSpecError, match=message):
+        run_loadtest(config, [Prompt("w1")])
+
+
+# --- against a server -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server_url(model_dirs):
+    target, draft = model_dirs
+    models = ModelSet(target=load_model(target), draft=load_model(draft))
+    pool = ServingPool(models, "nsd", {"k": 4}, max_concurrency=4, max_queue=8)
+    app = create_app(pool, "tiny", models.target.tokenizer, models.target.context_length)
+    with BackgroundServer(app) as url:
+        yield url
+
+
+PROMPTS = [Prompt("w1 w2"), Prompt("w3"), Prompt("w4 w5 w6", stop=("w0",))]
+
+
+def test_run_against_server(server_url, tmp_path, capsys):
+    config = LoadtestConfig(
+        url=server_url, concurrency=[1, 2], requests=4, max_tokens=6, methods=["ar", "nsd"], warmup=1
+    )
+    report = run_loadtest(config, PROMPTS)
+    assert report["failed"] == 0
+    cells = [(lv["method"], lv["concurrency"]) for lv in report["levels"]]
+    assert cells == [("ar", 1), ("nsd", 1), ("ar", 2), ("nsd", 2)]  # interleaved per level
+    for lv in report["levels"]:
+        assert lv["requests"] == 4 and lv["completion_tokens"] > 0 and lv["throughput"] > 0
+        assert 0 < lv["ttft_p50"] <= lv["latency_p50"] and lv["latency_p50"] <= lv["latency_p99"]
+        assert lv["tau"] >= 1
+    ar_tau = {lv["tau"] for lv in report["levels"] if lv["method"] == "ar"}
+    assert ar_tau == {1.0}
+    assert set(report["speedup"]["nsd"]) == {"1", "2"}
+    print_table(report)
+    assert "nsd" in capsys.readouterr().out
+    write_report(report, tmp_path / "lt.json")
+    assert json.loads((tmp_path / "lt.json").read_text())["levels"] == report["levels"]
+
+
+def test_failed_requests_are_counted_not_fatal(server_url):
+    config = LoadtestConfig(url=server_url, concurrency=[2], requests=3, max_tokens=4, warmup=0)
+    report = run_loadtest(config, [Prompt(" ".join(["w1"] * 200))])  # longer than the context
+    (level,) = report["levels"]
+    assert level["method"] == "default" and level["failed"] == 3 == report["failed"]
+    assert "context window" in level["errors"][0]
+
+
+def test_warmup_failure_is_a_clear_error(server_url):
+    config = LoadtestConfig(url=server_url, concurrency=[1], requests=1, max_tokens=4, methods=["nope"])
+    with pytest.raises(RelaxSpecError, match=r"warm-up request .* unknown method"):
+        run_loadtest(config, PROMPTS)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "relaxspec.cli", *args], capture_output=True, text=True, timeout=180
+    )
+
+
+def test_cli_loadtest_against_server(server_url, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w1 w2"}\n{"prompt": "w5"}\n')
+    out = tmp_path / "lt.json"
+    r = run_cli(
+        "loadtest", "--url", server_url, "--concurrency", "1,2", "--requests", "3", "--max-tokens", "5",
+        "--method", "ar,nsd", "--dataset", str(prompts), "--warmup", "1", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "speedup" in r.stdout and "TTFT p50" in r.stdout
+    report = json.loads(out.read_text())
+    assert len(report["levels"]) == 4 and report["failed"] == 0
+
+
+def test_cli_spawn_starts_and_stops_servers(model_dirs, tmp_path):
+    """`--spawn` runs `relaxspec serve` per method on a free port (the serve command end to end)."""
+    target, draft = model_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w1 w2"}\n')
+    out = tmp_path / "lt.json"
+    r = run_cli(
+        "loadtest", "--spawn", "--method", "sd", "--target", str(target), "--draft", str(draft),
+        "--concurrency", "1", "--requests", "2", "--max-tokens", "4", "--dataset", str(prompts),
+        "--warmup", "1", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert [lv["method"] for lv in report["levels"]] == ["sd"] and report["failed"] == 0
+    assert report["levels"][0]["tau"] >= 1
+
+
+def test_cli_serve_bad_input():
+    r = run_cli("serve", "--method", "nsd", "--theta", "2")
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "theta" in r.stderr
+
+
+def test_cli_spawn_reports_a_server_that_fails_to_start(tmp_path):
+    r = run_cli(
+        "loadtest", "--spawn", "--method", "ar", "--target", str(tmp_path / "missing"),
+        "--concurrency", "1", "--requests", "1", "--dataset", "math", "--limit", "1",
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "server exited at start-up" in r.stderr and "model directory not found" in r.stderr
