@@ -133,6 +133,20 @@ def test_run_against_server(server_url, tmp_path, capsys):
     assert json.loads((tmp_path / "lt.json").read_text())["levels"] == report["levels"]
 
 
+def test_fixed_length_requests(server_url):
+    config = LoadtestConfig(
+        url=server_url,
+        concurrency=[2],
+        requests=4,
+        max_tokens=7,
+        temperature=1.0,
+        fixed_length=True,
+        warmup=0,
+    )
+    report = run_loadtest(config, PROMPTS)
+    assert report["levels"][0]["completion_tokens"] == 4 * 7  # no EOS, no stop strings
+
+
 def test_failed_requests_are_counted_not_fatal(server_url):
     config = LoadtestConfig(url=server_url, concurrency=[2], requests=3, max_tokens=4, warmup=0)
     report = run_loadtest(config, [Prompt(" ".join(["w1"] * 200))])  # longer than the context

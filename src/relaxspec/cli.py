@@ -641,6 +641,9 @@ def loadtest_cmd(
     limit: Annotated[int, typer.Option(help="distinct prompts (requests cycle through them)")] = 64,
     temperature: float = 0.0,
     seed: Annotated[int | None, typer.Option(help="seed sent with every request")] = 0,
+    fixed_length: Annotated[
+        bool, typer.Option(help="ignore EOS and stop strings: every request generates max_tokens")
+    ] = False,
     warmup: Annotated[int, typer.Option(help="unrecorded requests per method first")] = 8,
     timeout: Annotated[float, typer.Option(help="seconds per request")] = 600.0,
     spawn: Annotated[
@@ -679,6 +682,7 @@ def loadtest_cmd(
         dataset=dataset,
         temperature=temperature,
         seed=seed,
+        fixed_length=fixed_length,
         warmup=warmup,
         timeout=timeout,
         spawn=spawn,

@@ -87,6 +87,7 @@ class LoadtestConfig:
     dataset: str = "math"
     temperature: float = 0.0
     seed: int | None = 0
+    fixed_length: bool = False  # ignore EOS and stop strings: max_tokens per request for every method
     warmup: int = 8
     timeout: float = 600.0
     spawn: bool = False
@@ -165,7 +166,9 @@ def request_body(prompt: Prompt, config: LoadtestConfig, method: str | None) -> 
     }
     if config.seed is not None:
         body["seed"] = config.seed
-    if prompt.stop:
+    if config.fixed_length:
+        body["ignore_eos"] = True
+    elif prompt.stop:
         body["stop"] = list(prompt.stop)
     if method is not None:
         body["relaxspec"] = {"method": method}

@@ -174,6 +174,7 @@ class _Sampling(_Strict):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)  # extension (0 = off)
+    ignore_eos: bool | None = None  # extension (as in vLLM): generate through EOS up to max_tokens
     seed: int | None = Field(None, ge=0)
     stop: str | list[str] | None = None
     stream: bool | None = None
@@ -415,6 +416,7 @@ def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | 
             seed=req.seed,
             max_new_tokens=max_tokens,
             stop=stop,
+            ignore_eos=bool(req.ignore_eos),
         )
     except RelaxSpecError as err:
         raise bad_request(str(err)) from None
@@ -626,9 +628,12 @@ class Run:
             self.cancel.set()
 
     def _on_chunk(self, text: str, ids: list[int]) -> None:
-        if ids and self.first_token_at is None:
+        """Forward committed text; the first chunk always (even without text: EOS, special tokens,
+        text held back), since it tells a waiting stream that decoding has started."""
+        first = self.first_token_at is None
+        if ids and first:
             self.first_token_at = time.perf_counter()
-        if text:
+        if text or first:
             self._put(text)
 
     def _work(self) -> GenerationResult:
@@ -785,7 +790,8 @@ class Server:
                 yield sse(shape.chunk("", role=True))
             item = first
             while not isinstance(item, _Done):
-                yield sse(shape.chunk(item))
+                if item:
+                    yield sse(shape.chunk(item))
                 item = await run.next_event(None, self.config.poll_interval)
             try:
                 result = run.future.result()
