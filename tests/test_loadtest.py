@@ -190,10 +190,11 @@ def test_cli_spawn_starts_and_stops_servers(model_dirs, tmp_path):
     r = run_cli(
         "loadtest", "--spawn", "--method", "sd", "--target", str(target), "--draft", str(draft),
         "--concurrency", "1", "--requests", "2", "--max-tokens", "4", "--dataset", str(prompts),
-        "--warmup", "1", "--out", str(out),
+        "--warmup", "1", "--out", str(out), "--serve-args", "--no-batching --max-tokens-cap 50",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
+    assert report["config"]["spawn_args"][-3:] == ["--no-batching", "--max-tokens-cap", "50"]
     assert [lv["method"] for lv in report["levels"]] == ["sd"] and report["failed"] == 0
     assert report["levels"][0]["tau"] >= 1
 

@@ -579,6 +579,9 @@ def serve_cmd(
     port: int = 8000,
     max_concurrency: Annotated[int, typer.Option(help="sequences decoded at once")] = 8,
     max_queue: Annotated[int, typer.Option(help="requests waiting for a slot; more get 429")] = 64,
+    batching: Annotated[
+        bool, typer.Option(help="batch the forwards of concurrent requests (off: each decodes alone)")
+    ] = True,
     max_tokens_cap: Annotated[
         int | None, typer.Option(help="largest max_tokens a request may ask for (default: the context)")
     ] = None,
@@ -615,7 +618,9 @@ def serve_cmd(
     resolve_params(method, params)  # bad method or parameter: fail before loading models
     paths = {"target": target, "draft": draft, "block": block, "diffusion": diffusion, "survival": survival}
     models = load_serving_models(method, paths, extra_roles=extra_models)
-    pool = ServingPool(models, method, params, max_concurrency=max_concurrency, max_queue=max_queue)
+    pool = ServingPool(
+        models, method, params, max_concurrency=max_concurrency, max_queue=max_queue, batching=batching
+    )
     tokenizer, context = serving_tokenizer_and_context(models, method)
     app = create_app(
         pool,
@@ -657,9 +662,14 @@ def loadtest_cmd(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="spawned servers: method parameter name=value")
     ] = None,
+    serve_args: Annotated[
+        str | None, typer.Option(help="spawned servers: more `relaxspec serve` options, e.g. '--no-batching'")
+    ] = None,
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("results/loadtest.json"),
 ) -> None:
     """Throughput, p50/p99 latency and time to first token per concurrency level (and speedup vs ar)."""
+    import shlex
+
     from relaxspec.loadtest import LoadtestConfig, load_prompts, print_table, run_loadtest, write_report
 
     spawn_args: list[str] = []
@@ -673,6 +683,7 @@ def loadtest_cmd(
         spawn_args += [f"--{role}", path]
     for item in set_ or []:
         spawn_args += ["--set", item]
+    spawn_args += shlex.split(serve_args or "")
     config = LoadtestConfig(
         url=url,
         concurrency=_int_list(concurrency, "concurrency"),
