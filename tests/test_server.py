@@ -237,6 +237,10 @@ LONG_PROMPT = " ".join(["w1"] * (CONTEXT + 10))
         ("completions", {"prompt": 5}, 400, "prompt", "invalid request"),
         ("completions", {"prompt": "w1", "temperature": "hot"}, 400, "temperature", "valid number"),
         ("completions", {"prompt": "w1", "temperature": -1}, 400, "temperature", "greater than"),
+        ("completions", b'{"prompt": "w1", "temperature": NaN}', 400, "temperature", "finite"),
+        ("completions", {"prompt": "w1", "seed": 2**70}, 400, "seed", "less than"),
+        ("completions", {"prompt": "w1", "seed": -1}, 400, "seed", "greater than"),
+        ("completions", b'{"prompt": "w1 \\ud800"}', 400, "prompt", "Unicode"),
         ("completions", {"prompt": "w1", "max_tokens": 2.5}, 400, "max_tokens", "integer"),
         ("completions", {"prompt": "w1", "max_tokens": 0}, 400, "max_tokens", "greater than"),
         ("completions", {"prompt": "w1", "top_p": 0}, 400, "top_p", "greater than"),
@@ -277,6 +281,14 @@ LONG_PROMPT = " ".join(["w1"] * (CONTEXT + 10))
         ("chat", {"messages": [{"role": "tool", "content": "w1"}]}, 400, "messages.0.role", "'user'"),
         ("chat", {"messages": [{"role": "user", "content": LONG_PROMPT}]}, 400, "messages", "context window"),
         ("chat", {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 500}, 400, "max_tokens", ""),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": "w1"}], "max_completion_tokens": 500},
+            400,
+            "max_completion_tokens",
+            "too large",
+        ),
+        ("chat", b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400, "messages", "Unicode"),
     ],
 )
 def test_bad_input_is_a_4xx_json_error(url, path, body, status, param, message):

@@ -151,13 +151,13 @@ def _error_from_exception(err: BaseException) -> APIError:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class RelaxSpecOptions(_Strict):
     """The ``"relaxspec"`` extension field: a method preset and its parameters for this request."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
     method: str | None = None
     params: dict[str, Any] | None = None
 
@@ -175,7 +175,7 @@ class _Sampling(_Strict):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)  # extension (0 = off)
     ignore_eos: bool | None = None  # extension (as in vLLM): generate through EOS up to max_tokens
-    seed: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -316,16 +316,32 @@ def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) ->
     return prompt
 
 
-def _count_tokens(config: ServerConfig, prompt: str | list[int]) -> int:
+def _count_tokens(config: ServerConfig, prompt: str | list[int], param: str) -> int:
+    """Prompt length in tokens (as the engine will encode it); 400 for text that cannot be encoded."""
     if isinstance(prompt, list):
         return len(prompt)
-    return len(config.tokenizer(prompt)["input_ids"])
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise bad_request(f"{param}: not valid Unicode text ({err.reason})", param, "invalid_value") from None
+    try:
+        return len(config.tokenizer(prompt)["input_ids"])
+    except Exception as err:
+        raise bad_request(f"{param}: cannot be tokenized ({err})", param, "invalid_value") from None
 
 
 def _max_tokens(
-    config: ServerConfig, requested: int | None, prompt_tokens: int, default: int | None, prompt_param: str
+    config: ServerConfig,
+    requested: int | None,
+    prompt_tokens: int,
+    default: int | None,
+    params: tuple[str, str] = ("prompt", "max_tokens"),
 ) -> int:
-    """The token budget: checked against the context window left after the prompt and the cap."""
+    """The token budget: checked against the context window left after the prompt and the cap.
+
+    ``params`` names the request's prompt and budget fields (for the error's ``param``).
+    """
+    prompt_param, budget_param = params
     room = config.context_length - prompt_tokens
     if room <= 0:
         raise bad_request(
@@ -339,15 +355,15 @@ def _max_tokens(
         return min(cap, default) if default is not None else cap
     if requested > room:
         raise bad_request(
-            f"max_tokens={requested} is too large: the prompt has {prompt_tokens} tokens and the "
+            f"{budget_param}={requested} is too large: the prompt has {prompt_tokens} tokens and the "
             f"context window is {config.context_length}, so at most {room} new tokens fit",
-            "max_tokens",
+            budget_param,
             "context_length_exceeded",
         )
     if requested > cap:
         raise bad_request(
-            f"max_tokens={requested} exceeds this server's limit of {cap}",
-            "max_tokens",
+            f"{budget_param}={requested} exceeds this server's limit of {cap}",
+            budget_param,
             "max_tokens_exceeded",
         )
     return requested
@@ -398,15 +414,15 @@ def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | 
         prompt: str | list[int] = config.chat_template.render(req.messages)
         stop = _stops(req.stop, config.chat_template.stop)
         requested, default = req.max_completion_tokens or req.max_tokens, None
+        names = ("messages", "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     else:
         endpoint = "completions"
         prompt = _completion_prompt(req.prompt)
         stop = _stops(req.stop)
         requested, default = req.max_tokens, config.default_max_tokens
-    prompt_tokens = _count_tokens(config, prompt)
-    max_tokens = _max_tokens(
-        config, requested, prompt_tokens, default, "messages" if endpoint == "chat" else "prompt"
-    )
+        names = ("prompt", "max_tokens")
+    prompt_tokens = _count_tokens(config, prompt, names[0])
+    max_tokens = _max_tokens(config, requested, prompt_tokens, default, names)
     method, params = _method(pool, req.relaxspec)
     try:
         sampling = SamplingParams(
