@@ -243,6 +243,18 @@ class _TextTracker:
         return out
 
 
+@dataclass
+class _Run:
+    """Per-generation state of :meth:`Engine.generate` (the engine itself holds none)."""
+
+    params: SamplingParams
+    rule: Rule | None
+    generator: torch.Generator
+    shadow_generator: torch.Generator
+    stats: GenerationStats
+    state: SchedulerState = field(default_factory=SchedulerState)
+
+
 class Engine:
     """Compose a proposer, an acceptance rule and a scheduler around a verifier model.
 
@@ -339,115 +351,50 @@ class Engine:
         params = params or SamplingParams()
         rule = self._rule_for(params) if self.proposer is not None else None
         ids = self.encode(prompt)
-        device = self.verifier.lm.device
-        generator = torch.Generator(device="cpu").manual_seed(
-            params.seed if params.seed is not None else random.getrandbits(63)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        run = _Run(
+            params=params,
+            rule=rule,
+            generator=torch.Generator(device="cpu").manual_seed(seed),
+            shadow_generator=torch.Generator(device="cpu").manual_seed(seed ^ 0x5AD0),
+            stats=GenerationStats(prompt_tokens=ids.shape[1]),
         )
-        stats = GenerationStats(prompt_tokens=ids.shape[1])
         text = _TextTracker(self.tokenizer, params.stop)
-        state = SchedulerState()
         budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
-        empty = torch.empty((1, 0), dtype=torch.long)
-        draft_calls_before = self.proposer.calls if self.proposer is not None else 0
-        verify_calls_before = self.verifier.calls
+        calls_before = (self.verifier.calls, self.proposer.calls if self.proposer is not None else 0)
 
-        shadow_generator = torch.Generator(device="cpu").manual_seed(int(generator.initial_seed()) ^ 0x5AD0)
-        started = _now(device)
-        self.verifier.start(ids)
-        if self.shadow is not None:
-            self.shadow.start(ids)
-        if self.proposer is not None:
-            self.proposer.start(ids)
-        finish = "length"
-        generated = 0
+        started = _now(self.device)
+        for part in (self.verifier, self.shadow, self.proposer):
+            if part is not None:
+                part.start(ids)
+        finish, generated = "length", 0
         while generated < budget:
             remaining = budget - generated
             # A verified cycle can emit k + 1 tokens (recovered/bonus); Gate and always-commit
             # schedulers (MARS) emit at most k, so the last token of the budget is drafted too.
             k = min(self.k, remaining - self._extra_token(rule)) if self.proposer is not None else 0
-            proposal: Proposal | None = None
-            skip = 0
-            target_probs: torch.Tensor | None = None
-            verdict: Verdict | None = None
-            strict_accepted: int | None = None
-            if k > 0:
-                t0 = _now(device)
-                proposal = self.proposer.propose(ids, k, params, generator)
-                stats.draft_seconds += _now(device) - t0
-                skip = min(self.scheduler.skip_length(proposal, state), proposal.k)
-            if proposal is not None and skip > 0:
-                chunk = proposal.tokens[0, :skip].tolist()
-                stats.skipped_rounds += 1
-                stats.skipped_tokens += skip
-                state.unverified_run += skip
-                if self.shadow is not None:
-                    assert rule is not None
-                    t0 = _now(device)
-                    strict_accepted = self._audit(ids, proposal, rule, params, shadow_generator)
-                    stats.shadow_seconds += _now(device) - t0
-                    stats.shadow_rounds += 1
-                    stats.shadow_agreed_tokens += min(skip, strict_accepted)
-                    stats.shadow_full_prefix += int(strict_accepted >= skip)
-            else:
-                draft = proposal.tokens if proposal is not None else empty
-                t0 = _now(device)
-                target_probs = self.verifier.score(ids, draft, params)
-                stats.verify_seconds += _now(device) - t0
-                if proposal is None:  # AR step: the "bonus" token of an empty draft
-                    next_token = _ar_token(target_probs[0, 0], params, generator)
-                    chunk = [next_token]
-                else:
-                    assert rule is not None
-                    verdict = verify(rule, draft, _draft_probs(rule, proposal), target_probs, generator)
-                    accepted = int(verdict.accepted[0])
-                    chunk = draft[0, :accepted].tolist()
-                    if int(verdict.next_token[0]) >= 0:
-                        chunk.append(int(verdict.next_token[0]))
-                    stats.proposed_tokens += k
-                    stats.accepted_tokens += accepted
-                    if verdict.exact_accepted is not None:
-                        stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
-                    stats.record_positions(k, accepted)
-                state.unverified_run = 0
-            state.rounds += 1
-            stats.cycles += 1
+            record = self._cycle(ids, k, run)
+            run.state.rounds += 1
+            run.stats.cycles += 1
             if on_cycle is not None:
-                on_cycle(
-                    CycleRecord(
-                        ids.shape[1],
-                        proposal,
-                        skip if proposal is not None else 0,
-                        target_probs,
-                        verdict,
-                        list(chunk),
-                        strict_accepted,
-                    )
-                )
-
-            # Commit: cut at EOS, the token budget and stop strings.
-            for j, token in enumerate(chunk):
-                if token in self.eos_token_ids and not params.ignore_eos:
-                    chunk, finish = chunk[:j], "eos"
-                    break
-            chunk = chunk[:remaining]
-            chunk, hit_stop = text.add(chunk)
-            if hit_stop:
-                finish = "stop"
+                on_cycle(record)
+            chunk, finish = self._cut(record.chunk, remaining, params, text)
             ids = torch.cat([ids, torch.tensor([chunk], dtype=torch.long)], dim=1)
             generated += len(chunk)
             if on_chunk is not None and chunk:
-                on_chunk(text.delta(final=finish in ("eos", "stop")), chunk)
-            if finish in ("eos", "stop"):
+                on_chunk(text.delta(final=finish != "length"), chunk)
+            if finish != "length":
                 break
             # Roll every cache back to the committed tokens it may keep (all but the last).
             self.verifier.rollback(ids.shape[1] - 1)
             if self.proposer is not None:
                 self.proposer.rollback(ids.shape[1] - 1)
 
-        stats.total_seconds = _now(device) - started - stats.shadow_seconds
+        stats = run.stats
+        stats.total_seconds = _now(self.device) - started - stats.shadow_seconds
         stats.new_tokens = generated
-        stats.verifier_calls = self.verifier.calls - verify_calls_before
-        stats.draft_calls = (self.proposer.calls - draft_calls_before) if self.proposer is not None else 0
+        stats.verifier_calls = self.verifier.calls - calls_before[0]
+        stats.draft_calls = self.proposer.calls - calls_before[1] if self.proposer is not None else 0
         stats.finish_reason = finish
         if on_chunk is not None:
             tail = text.delta(final=True)
@@ -455,24 +402,88 @@ class Engine:
                 on_chunk(tail, [])
         return GenerationResult(text=text.text, tokens=text.tokens, stats=stats)
 
+    @property
+    def device(self) -> torch.device:
+        return self.verifier.lm.device
 
-    def _audit(
-        self,
-        ids: torch.Tensor,
-        proposal: Proposal,
-        rule: Rule,
-        params: SamplingParams,
-        generator: torch.Generator,
-    ) -> int:
-        """Shadow verification of a skipped round: the prefix length ``L_b`` ``rule`` accepts.
+    def _cycle(self, ids: torch.Tensor, k: int, run: _Run) -> CycleRecord:
+        """One propose → schedule → verify → rule cycle on committed ``ids[1, n]``.
 
-        Uses its own cache and generator, so the audited generation is unchanged.
+        Returns what the cycle decided to commit (before EOS / budget / stop-string cuts).
         """
-        assert self.shadow is not None
-        target_probs = self.shadow.score(ids, proposal.tokens, params)
+        stats, n = run.stats, ids.shape[1]
+        if k == 0:  # plain AR step: the "bonus" token of an empty draft
+            target_probs = self._score(ids, torch.empty((1, 0), dtype=torch.long), run)
+            run.state.unverified_run = 0
+            return CycleRecord(n, None, 0, target_probs, None, [_ar_token(target_probs[0, 0], run)])
+        assert self.proposer is not None and run.rule is not None
+        t0 = _now(self.device)
+        proposal = self.proposer.propose(ids, k, run.params, run.generator)
+        stats.draft_seconds += _now(self.device) - t0
+
+        skip = min(self.scheduler.skip_length(proposal, run.state), proposal.k)
+        if skip > 0:  # commit a prefix without calling the verifier
+            stats.skipped_rounds += 1
+            stats.skipped_tokens += skip
+            run.state.unverified_run += skip
+            strict = self._audit(ids, proposal, skip, run) if self.shadow is not None else None
+            return CycleRecord(n, proposal, skip, None, None, proposal.tokens[0, :skip].tolist(), strict)
+
+        target_probs = self._score(ids, proposal.tokens, run)
+        verdict = verify(
+            run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
+        )
+        accepted = int(verdict.accepted[0])
+        chunk = proposal.tokens[0, :accepted].tolist()
+        if int(verdict.next_token[0]) >= 0:
+            chunk.append(int(verdict.next_token[0]))
+        stats.proposed_tokens += k
+        stats.accepted_tokens += accepted
+        if verdict.exact_accepted is not None:
+            stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
+        stats.record_positions(k, accepted)
+        run.state.unverified_run = 0
+        return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
+
+    def _score(self, ids: torch.Tensor, draft: torch.Tensor, run: _Run) -> torch.Tensor:
+        """The verifier pass (timed): processed target laws ``[1, K+1, V]``."""
+        t0 = _now(self.device)
+        target_probs = self.verifier.score(ids, draft, run.params)
+        run.stats.verify_seconds += _now(self.device) - t0
+        return target_probs
+
+    def _cut(
+        self, chunk: list[int], remaining: int, params: SamplingParams, text: _TextTracker
+    ) -> tuple[list[int], str]:
+        """Cut a chunk at EOS, the token budget and stop strings; return it and the finish reason."""
+        finish = "length"
+        for j, token in enumerate(chunk):
+            if token in self.eos_token_ids and not params.ignore_eos:
+                chunk, finish = chunk[:j], "eos"
+                break
+        chunk, hit_stop = text.add(chunk[:remaining])
+        return chunk, "stop" if hit_stop else finish
+
+    def _audit(self, ids: torch.Tensor, proposal: Proposal, skip: int, run: _Run) -> int:
+        """Shadow verification of a skipped round: the prefix length ``L_b`` the rule accepts.
+
+        Uses its own cache and generator and is excluded from the timings, so the audited
+        generation and its measurements are unchanged.
+        """
+        assert self.shadow is not None and run.rule is not None
+        t0 = _now(self.device)
+        target_probs = self.shadow.score(ids, proposal.tokens, run.params)
         self.shadow.rollback(ids.shape[1])
-        verdict = verify(rule, proposal.tokens, _draft_probs(rule, proposal), target_probs, generator)
-        return int(verdict.accepted[0])
+        verdict = verify(
+            run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.shadow_generator
+        )
+        strict = int(verdict.accepted[0])
+        stats = run.stats
+        stats.shadow_seconds += _now(self.device) - t0
+        stats.shadow_rounds += 1
+        stats.shadow_agreed_tokens += min(skip, strict)
+        stats.shadow_full_prefix += int(strict >= skip)
+        return strict
 
 
 def _draft_probs(rule: Rule, proposal: Proposal) -> torch.Tensor | None:
@@ -482,8 +493,8 @@ def _draft_probs(rule: Rule, proposal: Proposal) -> torch.Tensor | None:
     return proposal.probs if rule.needs_full_draft_probs else proposal.confidence
 
 
-def _ar_token(p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+def _ar_token(p: torch.Tensor, run: _Run) -> int:
     """Plain AR: argmax (greedy) or one draw from the processed target law ``p[V]``."""
-    if params.greedy:
+    if run.params.greedy:
         return int(p.argmax())
-    return int(torch.multinomial(p, 1, generator=generator))
+    return int(torch.multinomial(p, 1, generator=run.generator))
