@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +44,9 @@ class PoolStats:
     new_tokens: int = 0
     verifier_calls: int = 0
     draft_calls: int = 0
-    latencies: list[float] = field(default_factory=list)  # seconds, completed requests
-    first_token_latencies: list[float] = field(default_factory=list)
+    # seconds, of the most recent completed requests (bounded: a server runs for days)
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    first_token_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
 
 
 class ServingPool:
@@ -115,7 +117,11 @@ class ServingPool:
         on_chunk: Callable[[str, list[int]], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> GenerationResult:
-        """Run one request to completion in the calling thread (blocking)."""
+        """Run one request to completion in the calling thread (blocking).
+
+        ``on_chunk`` must not block: with batching, every running request waits for the slowest
+        one at each step.
+        """
         method, params = self.resolve(method, method_params)
         if self.batcher is not None:
             with self.batcher.building() as rows:
@@ -142,7 +148,13 @@ class ServingPool:
             if on_chunk is not None:
                 on_chunk(text, ids)
 
-        self._slots.acquire()
+        # Wait for a slot, but give up the queue place at once if the client goes away.
+        while not self._slots.acquire(timeout=0.05):
+            if cancel is not None and cancel.is_set():
+                with self._lock:
+                    self._waiting -= 1
+                    self.stats.cancelled += 1
+                raise Cancelled()
         with self._lock:
             self._waiting -= 1
             self._active += 1
