@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "relaxspec.cli", *args], capture_output=True, text=True, timeout=120
-    )
+from relaxspec.testing import run_cli
 
 
 def test_generate_json(model_dirs):

@@ -4,8 +4,6 @@ baselines (lenience, top-k, periodic), method validation, the (γ, S) sweep and 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from relaxspec.models import LoadedModel
 from relaxspec.proposers.diffusion import CFG_GAMMA, CFG_STEPS
 from relaxspec.sampling import SamplingParams
 from relaxspec.sdd import sweep_operating_points, training_prompts
-from relaxspec.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+from relaxspec.testing import perturbed_copy, run_cli, tiny_llama, tiny_tokenizer
 from relaxspec.train.diffusion import mark_drafter
 
 PROMPTS = ["w1", "w2 w3 w4", "w0 w0 w7 w5 w1", "w6 w2 w2 w3 w1 w0 w4 w5 w7"]
@@ -297,12 +295,6 @@ def test_training_prompts_come_from_training_splits(tmp_path):
         training_prompts(tmp_path, 0, 0)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "relaxspec.cli", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_cli_generate_sdd_skip_json(sdd_dirs):
     t, d = sdd_dirs
     r = run_cli(
@@ -321,7 +313,7 @@ def test_cli_generate_sdd_skip_json(sdd_dirs):
 @pytest.mark.slow
 def test_sampling_sdd_reproduces_the_target_law():
     """Left-to-right reveal makes q_i the law d_i was drawn from, so Exact is lossless (chi-square)."""
-    from test_exactness import chi_square_pvalue, exact_joint, sample_triples
+    from relaxspec.testing import chi_square_pvalue, exact_joint, sample_continuations
 
     tok = tiny_tokenizer(2)
     target = LoadedModel(tiny_llama(len(tok), seed=0, logit_scale=2.0), tok, None)
@@ -331,5 +323,6 @@ def test_sampling_sdd_reproduces_the_target_law():
         "sdd", ModelSet(target=target, diffusion=LoadedModel(drafter, tok, None)), gamma=3, steps=2
     )
     params = SamplingParams(temperature=1.0)
-    samples = sample_triples(engine, 3000, params)
-    assert chi_square_pvalue(samples, exact_joint(target, params)) > 1e-3
+    samples = sample_continuations(engine, "w0 w1", 3000, params, n_tokens=3)
+    expected = exact_joint(target.model, tok("w0 w1")["input_ids"], params, n_tokens=3)
+    assert chi_square_pvalue(samples, expected) > 1e-3

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -20,7 +18,7 @@ from relaxspec.prove_diagnostics import (
     sequential_population,
 )
 from relaxspec.sampling import SamplingParams
-from relaxspec.testing import chi_square_pvalue, tiny_llama, tiny_tokenizer
+from relaxspec.testing import chi_square_pvalue, exact_joint, sample_continuations, tiny_llama, tiny_tokenizer
 
 # on the counting pattern (long AR-matching prefixes) and off it (early mismatches)
 PROMPTS = ["w1 w3 w5 w7", "w0 w1", "w6 w2 w2 w3 w1", "w4 w7 w2 w5 w0 w3", "w5"]
@@ -139,31 +137,11 @@ def small_block():
 
 
 def exact_ar_joint(model: LoadedModel, prompt: str, params: SamplingParams) -> dict[tuple[int, ...], float]:
-    from relaxspec.sampling import processed_probs
-
-    ids = model.tokenizer(prompt, return_tensors="pt")["input_ids"][0]
-    V = model.model.config.vocab_size
-    triples = list(itertools.product(range(V), repeat=N_TOKENS))
-    seqs = torch.stack([torch.cat([ids, torch.tensor(t)]) for t in triples])
-    with torch.inference_mode():
-        probs = processed_probs(model.model(seqs).logits[:, len(ids) - 1 : -1], params).double()
-    joint = probs.gather(-1, seqs[:, len(ids) :, None]).squeeze(-1).prod(-1)
-    joint = joint / joint.sum()
-    return dict(zip(triples, joint.tolist(), strict=True))
+    return exact_joint(model.model, model.tokenizer(prompt)["input_ids"], params, N_TOKENS)
 
 
 def sample_triples(engine, prompt: str, n: int, params: SamplingParams) -> list[tuple[int, ...]]:
-    out = []
-    for seed in range(n):
-        p = SamplingParams(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            seed=seed,
-            max_new_tokens=N_TOKENS,
-            ignore_eos=True,
-        )
-        out.append(tuple(engine.generate(prompt, p).tokens))
-    return out
+    return sample_continuations(engine, prompt, n, params, N_TOKENS)
 
 
 @pytest.mark.slow

@@ -16,9 +16,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from relaxspec.errors import RelaxSpecError
-from relaxspec.train.loop import TrainConfig, TrainState, train
+from relaxspec.train.loop import TrainState, make_config, train
 from relaxspec.train.tokenizer import load_tokenizer
-from relaxspec.train.tokens import TokenMixture, fixed_windows, load_stream
+from relaxspec.train.tokens import training_data
 
 
 @dataclass
@@ -175,29 +175,20 @@ def train_ar(
         raise RelaxSpecError(f"unknown model config {preset_name!r}; choose from {sorted(PRESETS)}")
     preset = PRESETS[preset_name]
     tokenizer = load_tokenizer(tokenizer_dir)
-    cfg_fields = {**preset.train, **(overrides or {})}
-    unknown = set(cfg_fields) - set(TrainConfig.__dataclass_fields__)
-    if unknown:
-        raise RelaxSpecError(f"unknown training option(s): {sorted(unknown)}")
-    config = TrainConfig(out_dir=str(run_dir), **cfg_fields)
+    config = make_config(run_dir, preset.train, overrides)
     if config.seq_len > preset.max_position_embeddings:
         raise RelaxSpecError(
             f"seq_len {config.seq_len} exceeds the model's context {preset.max_position_embeddings}"
         )
 
-    streams = {name: load_stream(corpus_dir, name, tokenizer) for name in MIXTURE}
-    mixture = TokenMixture(streams, MIXTURE)
-    heldout = {
-        name: fixed_windows(load_stream(corpus_dir, name, tokenizer), 32, config.seq_len)
-        for name in ("code_eval", "math_eval")
-    }
+    mixture, heldout = training_data(corpus_dir, tokenizer, MIXTURE, config.seq_len, heldout_windows=32)
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(llama_config(preset, tokenizer))
     record = {
         "preset": preset_name,
         "model": asdict(preset),
         "mixture": MIXTURE,
-        "stream_tokens": {k: len(v) for k, v in streams.items()},
+        "stream_tokens": {k: len(v) for k, v in mixture.streams.items()},
     }
     (Path(run_dir)).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))

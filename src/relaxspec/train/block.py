@@ -46,8 +46,8 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.models import load_model
 from relaxspec.proposers.block import BLOCK_SIZE_ATTR, MASK_ID_ATTR, mask_token_id_of
 from relaxspec.train.ar import MIXTURE, export_model, heldout_losses
-from relaxspec.train.loop import TrainConfig, TrainState, train
-from relaxspec.train.tokens import TokenMixture, fixed_windows, load_stream
+from relaxspec.train.loop import TrainState, make_config, train
+from relaxspec.train.tokens import training_data
 
 # Fine-tuning recipe (TrainConfig overrides): a lower peak LR than pretraining, short warmup.
 # 800 steps x 8 windows x 256 tokens (1.6M window tokens, each fed twice) is sized for roughly
@@ -311,23 +311,14 @@ def train_block(
     base = load_model(base_dir)
     model, tokenizer = base.model, base.tokenizer
     mask_id = prepare_base_model(model, tokenizer, block_size)
-    cfg_fields = {**DEFAULT_RECIPE, **(overrides or {})}
-    unknown = set(cfg_fields) - set(TrainConfig.__dataclass_fields__)
-    if unknown:
-        raise RelaxSpecError(f"unknown training option(s): {sorted(unknown)}")
-    config = TrainConfig(out_dir=str(run_dir), **cfg_fields)
+    config = make_config(run_dir, DEFAULT_RECIPE, overrides)
     config.validate()
     if config.seq_len > base.context_length:
         raise RelaxSpecError(f"seq_len {config.seq_len} exceeds the model's context {base.context_length}")
     if block_size > config.seq_len:
         raise RelaxSpecError(f"block_size {block_size} exceeds the training window seq_len {config.seq_len}")
 
-    streams = {name: load_stream(corpus_dir, name, tokenizer) for name in MIXTURE}
-    mixture = TokenMixture(streams, MIXTURE)
-    heldout = {
-        name: fixed_windows(load_stream(corpus_dir, name, tokenizer), 16, config.seq_len)
-        for name in ("code_eval", "math_eval")
-    }
+    mixture, heldout = training_data(corpus_dir, tokenizer, MIXTURE, config.seq_len, heldout_windows=16)
     record: dict[str, Any] = {
         "kind": "block-proposer",
         "base_model": str(base_dir),

@@ -49,9 +49,9 @@ from relaxspec.proposers.diffusion import (
     attention_bias,
 )
 from relaxspec.train.ar import MIXTURE, PRESETS, export_model, llama_config
-from relaxspec.train.loop import TrainConfig, TrainState, train
+from relaxspec.train.loop import TrainState, make_config, train
 from relaxspec.train.tokenizer import load_tokenizer
-from relaxspec.train.tokens import TokenMixture, fixed_windows, load_stream
+from relaxspec.train.tokens import training_data
 
 INITS = ("target", "draft", "scratch")
 
@@ -306,11 +306,7 @@ def train_diffusion(
     ``export_partial``: also export when the run stopped early (``max_minutes``); the card records
     the steps actually done. Rerunning the same command resumes the run either way.
     """
-    cfg_fields = {**DEFAULT_TRAIN, **(overrides or {})}
-    unknown = set(cfg_fields) - set(TrainConfig.__dataclass_fields__)
-    if unknown:
-        raise RelaxSpecError(f"unknown training option(s): {sorted(unknown)}")
-    config = TrainConfig(out_dir=str(run_dir), **cfg_fields)
+    config = make_config(run_dir, DEFAULT_TRAIN, overrides)
     recipe.validate(config.seq_len)
     tokenizer = load_tokenizer(tokenizer_dir)
     model = init_drafter(recipe, tokenizer, target_dir, draft_dir)
@@ -318,12 +314,7 @@ def train_diffusion(
         raise RelaxSpecError(
             f"seq_len {config.seq_len} exceeds the model's context {model.config.max_position_embeddings}"
         )
-    streams = {name: load_stream(corpus_dir, name, tokenizer) for name in MIXTURE}
-    mixture = TokenMixture(streams, MIXTURE)
-    heldout = {
-        name: fixed_windows(load_stream(corpus_dir, name, tokenizer), 16, config.seq_len)
-        for name in ("code_eval", "math_eval")
-    }
+    mixture, heldout = training_data(corpus_dir, tokenizer, MIXTURE, config.seq_len, heldout_windows=16)
     mask_id = int(tokenizer.mask_token_id)
     record = {
         "recipe": asdict(recipe),

@@ -67,6 +67,17 @@ class TrainConfig:
                 raise RelaxSpecError(f"invalid training config: {message}")
 
 
+def make_config(out_dir: str | Path, defaults: dict, overrides: dict | None = None) -> TrainConfig:
+    """A validated :class:`TrainConfig` from a recipe's defaults and the user's overrides."""
+    fields = {**defaults, **(overrides or {})}
+    unknown = set(fields) - set(TrainConfig.__dataclass_fields__) - {"out_dir"}
+    if unknown:
+        raise RelaxSpecError(f"unknown training option(s): {sorted(unknown)}")
+    config = TrainConfig(out_dir=str(out_dir), **fields)
+    config.validate()
+    return config
+
+
 @dataclass
 class TrainState:
     step: int = 0

@@ -93,3 +93,19 @@ def fixed_windows(stream: np.ndarray, n: int, seq_len: int) -> torch.Tensor:
     n = max(1, min(n, len(stream) // seq_len))
     starts = np.linspace(0, len(stream) - seq_len, n).astype(np.int64)
     return torch.from_numpy(np.stack([np.asarray(stream[s : s + seq_len], dtype=np.int64) for s in starts]))
+
+
+def training_data(
+    corpus_dir: str | Path,
+    tokenizer: PreTrainedTokenizerBase,
+    weights: dict[str, float],
+    seq_len: int,
+    heldout_windows: int,
+) -> tuple[TokenMixture, dict[str, torch.Tensor]]:
+    """The training mixture over ``weights``' sources and fixed held-out windows (code and math)."""
+    mixture = TokenMixture({name: load_stream(corpus_dir, name, tokenizer) for name in weights}, weights)
+    heldout = {
+        name: fixed_windows(load_stream(corpus_dir, name, tokenizer), heldout_windows, seq_len)
+        for name in ("code_eval", "math_eval")
+    }
+    return mixture, heldout
