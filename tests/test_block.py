@@ -22,7 +22,6 @@ from relaxspec.train.block import (
     block_loss,
     block_metrics,
     make_noisy,
-    model_card,
     train_block,
     write_model_card,
 )
@@ -233,9 +232,11 @@ def test_train_block_exports_a_loadable_proposer(tiny_corpus, base_dir, tmp_path
     assert {"block_loss", "clean_loss", "block_acc@4", "block_prefix"} <= set(record["history"][-1])
     card = (tmp_path / "block" / "README.md").read_text()
     assert "relaxspec train block --steps 3" in card and "B = 4" in card and "block_prefix" in card
-    assert "not recorded yet" in card
+    assert "## Metrics" not in card
     write_model_card(tmp_path / "block", {"math_accuracy_ar": 0.5})
-    assert "math_accuracy_ar: 0.5000" in (tmp_path / "block" / "README.md").read_text()
+    assert "| math_accuracy_ar | 0.5 |" in (tmp_path / "block" / "README.md").read_text()
+    write_model_card(tmp_path / "block")  # rewriting keeps the recorded metrics
+    assert "| math_accuracy_ar | 0.5 |" in (tmp_path / "block" / "README.md").read_text()
     engine = build_engine("prove-lossless", ModelSet(block=loaded), block_size=4)
     assert engine.generate("w1 w2", SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)).tokens
 
@@ -308,8 +309,10 @@ def test_cli_train_block_and_card(tiny_corpus, base_dir, tmp_path):
     )
     assert r.exit_code == 0, r.output
     card = (tmp_path / "out" / "README.md").read_text()
-    assert "mean_ar_prefix: 3.2500" in card and "speedup: 1.5000" in card
+    assert "| mean_ar_prefix | 3.25 |" in card and "| speedup | 1.5 |" in card
 
 
-def test_model_card_without_history():
-    assert "# relaxspec block proposer" in model_card({})
+def test_model_card_without_history(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "training.json").write_text("{}")
+    assert "# block — MARS block proposer" in write_model_card(tmp_path).read_text()

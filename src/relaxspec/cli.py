@@ -235,6 +235,7 @@ def train_ar_cmd(
         run_dir or Path("runs") / config,
         export_dir=export or Path("models") / config,
         overrides=overrides,
+        command=shlex.join(["relaxspec", *sys.argv[1:]]),
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 

@@ -169,6 +169,7 @@ def train_ar(
     export_dir: str | Path | None = None,
     overrides: dict | None = None,
     progress: bool = True,
+    command: str | None = None,
 ) -> tuple[LlamaForCausalLM, TrainState]:
     """Train (or resume) a preset; export it to ``export_dir`` when the run is complete."""
     if preset_name not in PRESETS:
@@ -185,6 +186,7 @@ def train_ar(
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(llama_config(preset, tokenizer))
     record = {
+        "command": command or f"relaxspec train ar --config {preset_name}",
         "preset": preset_name,
         "model": asdict(preset),
         "mixture": MIXTURE,

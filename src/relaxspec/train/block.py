@@ -46,6 +46,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.models import load_model
 from relaxspec.proposers.block import BLOCK_SIZE_ATTR, MASK_ID_ATTR, mask_token_id_of
 from relaxspec.train.ar import MIXTURE, export_model, heldout_losses
+from relaxspec.train.cards import write_card
 from relaxspec.train.loop import TrainState, make_config, train
 from relaxspec.train.tokens import training_data
 
@@ -216,60 +217,18 @@ def prepare_base_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     return mask_id
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return str(value)
-
-
-def model_card(record: dict[str, Any]) -> str:
-    """The ``README.md`` of an exported block proposer, from its training record."""
-    cfg = record.get("train_config", {})
-    final = (record.get("history") or [{}])[-1]
-    metrics = record.get("metrics") or {}
-    lines = [
-        "# relaxspec block proposer (MARS-style)",
-        "",
-        f"Causal LM fine-tuned from `{record.get('base_model', '?')}` to propose a block of "
-        f"B = {record.get('block_size', '?')} tokens in one forward pass over `[last token, B−1 "
-        "<|mask|> placeholders]` (ProVe §2). Used by the `mars`, `prove` and `prove-lossless` "
-        "methods. Config attributes: `mars_block_size`, `mars_mask_token_id`.",
-        "",
-        "## Training",
-        "",
-        "Objective: `CE(noisy) + CE(clean)` on `[noisy | clean]` copies of each window with "
-        "duplicated position ids and the block attention mask (see `relaxspec.train.block`).",
-        "",
-        f"- command: `{record.get('command', '?')}`",
-        f"- parameters: {_fmt(record.get('parameters', '?'))}",
-        f"- steps: {_fmt(record.get('steps_done', '?'))} of {_fmt(cfg.get('steps', '?'))}; batch "
-        f"{cfg.get('batch_size', '?')} × grad-accum {cfg.get('grad_accum', '?')}; window L = "
-        f"{cfg.get('seq_len', '?')} (fed as 2L); lr {cfg.get('lr', '?')}; "
-        f"mixed precision {cfg.get('mixed_precision', '?')}",
-        f"- data mixture: {record.get('mixture', '?')}",
-        f"- window tokens seen: {_fmt(record.get('tokens_seen', '?'))}",
-        f"- wall time: {record.get('wall_seconds', 0.0) / 60:.1f} min",
-        "",
-        "## Metrics",
-        "",
-    ]
-    if final:
-        lines += ["Held-out, teacher-forced, at the last evaluation:", ""]
-        lines += [f"- {k}: {_fmt(v)}" for k, v in final.items()]
-        lines.append("")
-    if metrics:
-        lines += ["Decoding:", ""]
-        lines += [f"- {k}: {_fmt(v)}" for k, v in metrics.items()]
-    else:
-        lines.append(
-            "Decoding metrics (greedy-AR math accuracy vs the base model, AR-matching prefix, "
-            "speedups): not recorded yet; add them with `relaxspec train block-card --metrics FILE.json`."
-        )
-    return "\n".join(lines) + "\n"
+BLOCK_CARD_SUMMARY = (
+    "Causal LM fine-tuned to propose a block of B tokens in one forward pass over `[last token, "
+    "B−1 <|mask|> placeholders]` (ProVe §2; MARS). Used by the `mars`, `prove` and `prove-lossless` "
+    "methods. Config attributes: `mars_block_size` (the trained B), `mars_mask_token_id`."
+)
+BLOCK_CARD_OBJECTIVE = [
+    "`CE(noisy) + CE(clean)` on `[noisy | clean]` copies of each window with duplicated position ids "
+    "and the block attention mask: clean tokens are causal; a noisy token sees the earlier noisy tokens "
+    "of its own block and the clean tokens of strictly earlier blocks; logits shifted by one. The noisy "
+    "copy keeps each block's first token and replaces the other B−1 with the placeholder, so a training "
+    "block looks exactly like decoding (see `relaxspec.train.block`).",
+]
 
 
 def write_model_card(model_dir: str | Path, metrics: dict[str, Any] | None = None) -> Path:
@@ -279,12 +238,8 @@ def write_model_card(model_dir: str | Path, metrics: dict[str, Any] | None = Non
     if not record_path.is_file():
         raise RelaxSpecError(f"{model_dir} has no training.json; is it a block proposer export?")
     record = json.loads(record_path.read_text())
-    if metrics:
-        record["metrics"] = {**record.get("metrics", {}), **metrics}
-        record_path.write_text(json.dumps(record, indent=1))
-    card = model_dir / "README.md"
-    card.write_text(model_card(record))
-    return card
+    title = f"block — MARS block proposer (B = {record.get('block_size', '?')})"
+    return write_card(model_dir, title, BLOCK_CARD_SUMMARY, [("Objective", BLOCK_CARD_OBJECTIVE)], metrics)
 
 
 # ---------------------------------------------------------------------------------------------

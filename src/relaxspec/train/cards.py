@@ -3,7 +3,9 @@
 A card records what a user needs to trust and reproduce a model: its architecture and size, the
 data and tokens it saw, the wall time and the exact command, and the measured metrics with the
 commands that measured them. The training facts come from the ``training.json`` each export
-writes; the metrics are passed in by whoever measured them.
+writes; metrics measured later (``relaxspec eval``, ``bench``) are merged into that record, so
+rewriting a card never loses them. Every model kind (AR, block proposer, diffusion drafter) writes
+its card with :func:`write_card`, adding its own sections.
 """
 
 from __future__ import annotations
@@ -12,16 +14,67 @@ import json
 from pathlib import Path
 from typing import Any
 
+from relaxspec.errors import RelaxSpecError
 
-def _fmt(value: Any) -> str:
+Section = tuple[str, list[str]]  # (heading, markdown lines)
+
+_ARCH_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+def fmt(value: Any) -> str:
+    """Numbers to 4 significant digits, anything else as text."""
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
 
 
-def _table(rows: dict[str, Any]) -> list[str]:
-    lines = ["| | |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows.items()]
+def table(rows: dict[str, Any]) -> list[str]:
+    """A two-column Markdown table."""
+    return ["| | |", "|---|---|", *(f"| {k} | {fmt(v)} |" for k, v in rows.items())]
+
+
+def training_rows(record: dict[str, Any]) -> dict[str, Any]:
+    """The training facts of an export record (``training.json``)."""
+    tc = record.get("train_config", {})
+    steps = record.get("checkpoint_step", record.get("steps_done", "?"))
+    rows: dict[str, Any] = {
+        "parameters": f"{record['parameters'] / 1e6:.2f}M" if "parameters" in record else "?",
+        "tokens seen": f"{record['tokens_seen'] / 1e6:.2f}M" if "tokens_seen" in record else "?",
+        "wall time": f"{record['wall_seconds'] / 60:.0f} min" if "wall_seconds" in record else "?",
+        "optimizer steps": f"{steps} of {tc.get('steps', '?')}",
+        "data mixture": record.get("mixture", "?"),
+    }
+    if tc:
+        rows["batch × seq_len"] = (
+            f"{tc.get('batch_size')} × {tc.get('seq_len')} (grad accum {tc.get('grad_accum')})"
+        )
+        rows["optimizer"] = (
+            f"AdamW lr {tc.get('lr')}, warmup {tc.get('warmup')}, cosine to ×{tc.get('min_lr_ratio')}"
+            f", {tc.get('mixed_precision')} autocast"
+        )
+    return rows
+
+
+def history_lines(history: list[dict[str, Any]]) -> list[str]:
+    """Held-out evaluations during training as a table."""
+    if not history:
+        return []
+    keys = [k for k in history[-1] if k not in ("step", "tokens")]
+    lines = ["| step | tokens | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    lines += [
+        f"| {h['step']} | {h.get('tokens', 0) / 1e6:.1f}M | "
+        + " | ".join(fmt(h.get(k, "")) for k in keys)
+        + " |"
+        for h in history
+    ]
     return lines
 
 
@@ -29,44 +82,23 @@ def write_card(
     model_dir: str | Path,
     title: str,
     summary: str,
-    commands: list[str],
+    sections: list[Section] | None = None,
     metrics: dict[str, Any] | None = None,
     metric_commands: list[str] | None = None,
-    notes: str = "",
 ) -> Path:
-    """Write ``model_dir/README.md`` from its ``training.json`` plus the given metrics."""
+    """(Re)write ``model_dir/README.md``; ``metrics`` are merged into ``training.json`` first."""
     d = Path(model_dir)
-    record = json.loads((d / "training.json").read_text()) if (d / "training.json").is_file() else {}
+    if not (d / "config.json").is_file():
+        raise RelaxSpecError(f"{d} is not a model directory (no config.json)")
+    record_path = d / "training.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if metrics or metric_commands:
+        record["metrics"] = {**record.get("metrics", {}), **(metrics or {})}
+        record["metric_commands"] = list(
+            dict.fromkeys([*record.get("metric_commands", []), *(metric_commands or [])])
+        )
+        record_path.write_text(json.dumps(record, indent=1))
     config = json.loads((d / "config.json").read_text())
-    arch = {
-        k: config[k]
-        for k in (
-            "model_type",
-            "hidden_size",
-            "num_hidden_layers",
-            "intermediate_size",
-            "num_attention_heads",
-            "vocab_size",
-            "max_position_embeddings",
-        )
-        if k in config
-    }
-    train = {
-        "parameters": f"{record['parameters'] / 1e6:.2f}M" if "parameters" in record else "?",
-        "tokens seen": f"{record['tokens_seen'] / 1e6:.2f}M" if "tokens_seen" in record else "?",
-        "wall time": f"{record['wall_seconds'] / 60:.0f} min" if "wall_seconds" in record else "?",
-        "optimizer steps": record.get("checkpoint_step", "?"),
-        "training complete": record.get("complete", "?"),
-        "data mixture": record.get("mixture", "?"),
-    }
-    if "train_config" in record:
-        tc = record["train_config"]
-        train["batch × seq_len"] = (
-            f"{tc.get('batch_size')} × {tc.get('seq_len')} (grad accum {tc.get('grad_accum')})"
-        )
-        train["lr schedule"] = (
-            f"AdamW lr {tc.get('lr')}, warmup {tc.get('warmup')}, cosine to ×{tc.get('min_lr_ratio')}"
-        )
     lines = [
         f"# {title}",
         "",
@@ -74,41 +106,23 @@ def write_card(
         "",
         "## Architecture",
         "",
-        *_table(arch),
+        *table({k: config[k] for k in _ARCH_KEYS if k in config}),
         "",
         "## Training",
         "",
-        *_table(train),
-        "",
-        "Command:",
-        "",
-        "```bash",
-        *commands,
-        "```",
+        *table(training_rows(record)),
         "",
     ]
-    if metrics:
-        lines += ["## Metrics", "", *_table(metrics), ""]
-        if metric_commands:
-            lines += ["Measured with:", "", "```bash", *metric_commands, "```", ""]
-    history = record.get("history") or []
-    if history:
-        keys = [k for k in history[-1] if k not in ("step", "tokens")]
-        lines += [
-            "## Held-out loss during training",
-            "",
-            "| step | tokens | " + " | ".join(keys) + " |",
-            "|---|---|" + "---|" * len(keys),
-        ]
-        lines += [
-            f"| {h['step']} | {h['tokens'] / 1e6:.1f}M | "
-            + " | ".join(_fmt(h.get(k, "")) for k in keys)
-            + " |"
-            for h in history
-        ]
-        lines.append("")
-    if notes:
-        lines += ["## Notes", "", notes, ""]
+    if record.get("command"):
+        lines += ["Command:", "", "```bash", record["command"], "```", ""]
+    for heading, body in sections or []:
+        lines += [f"## {heading}", "", *body, ""]
+    if record.get("metrics"):
+        lines += ["## Metrics", "", *table(record["metrics"]), ""]
+        if record.get("metric_commands"):
+            lines += ["Measured with:", "", "```bash", *record["metric_commands"], "```", ""]
+    if record.get("history"):
+        lines += ["## Held-out loss during training", "", *history_lines(record["history"]), ""]
     out = d / "README.md"
     out.write_text("\n".join(lines))
     return out

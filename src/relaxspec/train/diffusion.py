@@ -26,7 +26,6 @@ and saves most of the CPU budget.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import sys
 from dataclasses import asdict, dataclass
@@ -49,6 +48,8 @@ from relaxspec.proposers.diffusion import (
     attention_bias,
 )
 from relaxspec.train.ar import MIXTURE, PRESETS, export_model, llama_config
+from relaxspec.train.cards import fmt, table
+from relaxspec.train.cards import write_card as write_model_card
 from relaxspec.train.loop import TrainState, make_config, train
 from relaxspec.train.tokenizer import load_tokenizer
 from relaxspec.train.tokens import training_data
@@ -363,10 +364,35 @@ def train_diffusion(
     return model, state
 
 
-def _fmt(x: object) -> str:
-    if isinstance(x, float):
-        return f"{x:.4g}" if math.isfinite(x) else str(x)
-    return str(x)
+DIFFUSION_CARD_SUMMARY = (
+    "Block-diffusion drafter for speculative diffusion decoding (DESIGN §4-5): a Llama stack with a "
+    "causal, cached context and one bidirectional block of γ `<|mask|>` slots; LLaDA/MDLM loss "
+    "(t ~ U(ε,1) per block, CE on masked positions weighted 1/t) plus a next-token term for the first "
+    "block token. Load with `relaxspec.proposers.diffusion.load_diffusion`."
+)
+
+
+def _sweep_lines(sweep: dict | None) -> list[str]:
+    if not sweep:
+        return ["Not run yet: `relaxspec train diffusion-sweep` fills this table."]
+    lines = [
+        f"Prompts: {sweep.get('prompts', 'n/a')}; max_new_tokens {sweep.get('max_new_tokens')}; "
+        f"AR throughput {fmt(sweep.get('ar_tokens_per_s'))} tok/s in the same run.",
+        "",
+        "| γ | S | τ | draft forwards/token | tok/s | speedup vs AR |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['gamma']} | {r['steps']} | {fmt(r['tau'])} | {fmt(r['draft_calls_per_token'])} | "
+        f"{fmt(r['tokens_per_s'])} | {fmt(r['speedup'])} |"
+        for r in sweep["rows"]
+    ]
+    chosen = sweep.get("chosen", {})
+    return [
+        *lines,
+        "",
+        f"Chosen: γ = {chosen.get('gamma')}, S = {chosen.get('steps')} ({sweep.get('criterion', '')}).",
+    ]
 
 
 def write_card(model_dir: str | Path) -> Path:
@@ -375,65 +401,22 @@ def write_card(model_dir: str | Path) -> Path:
     training = json.loads((out / "training.json").read_text()) if (out / "training.json").is_file() else {}
     sweep = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").is_file() else None
     config = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else {}
-    recipe, tc = training.get("recipe", {}), training.get("train_config", {})
-    lines = [
-        "# diffusion — masked-diffusion drafter (relaxspec)",
-        "",
-        "Block-diffusion drafter for speculative diffusion decoding (DESIGN §4-5). A Llama stack with a",
-        "causal, cached context and one bidirectional block of γ `<|mask|>` slots; LLaDA/MDLM loss",
-        "(t ~ U(ε,1) per block, CE on masked positions weighted 1/t) plus a next-token term for the",
-        "first block token. Load with `relaxspec.proposers.diffusion.load_diffusion`.",
-        "",
-        "## Model",
-        "",
-        "| field | value |",
-        "|---|---|",
-        f"| layers × hidden | {config.get('num_hidden_layers')} × {config.get('hidden_size')} |",
-        f"| parameters | {training.get('parameters', 'n/a')} |",
-        f"| vocabulary | {config.get('vocab_size')} (mask id {config.get(CFG_MASK)}) |",
-        f"| training block length γ | {config.get(CFG_BLOCK)} |",
-        f"| initialisation | {recipe.get('init', 'n/a')}"
-        + (f" (first {recipe.get('layers')} layers)" if recipe.get("init") == "target" else "")
-        + " |",
-        f"| bundled operating point (γ, S) | {config.get(CFG_GAMMA, 'not swept')}, "
-        f"{config.get(CFG_STEPS, 'not swept')} |",
-        "",
-        "## Training",
-        "",
-        f"- command: `{training.get('command', 'n/a')}`",
-        f"- steps: {training.get('steps_done', 'n/a')} of {tc.get('steps', 'n/a')}, "
-        f"batch {tc.get('batch_size', 'n/a')} × seq_len "
-        f"{tc.get('seq_len', 'n/a')}, lr {tc.get('lr', 'n/a')}, ε {recipe.get('eps', 'n/a')}, "
-        f"AR weight {recipe.get('ar_weight', 'n/a')}",
-        f"- tokens seen: {training.get('tokens_seen', 'n/a')}",
-        f"- wall time: {_fmt(training.get('wall_seconds', float('nan')) / 60)} min",
-        f"- mixture: {training.get('mixture', 'n/a')}",
-    ]
-    history = training.get("history", [])
-    if history:
-        keys = [k for k in history[-1] if k not in ("step", "tokens")]
-        lines += ["", "| step | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-        lines += [f"| {h['step']} | " + " | ".join(_fmt(h.get(k)) for k in keys) + " |" for h in history]
-    lines += ["", "## Operating-point sweep (strict SDD, greedy)", ""]
-    if sweep:
-        lines += [
-            f"Prompts: {sweep.get('prompts', 'n/a')}; max_new_tokens {sweep.get('max_new_tokens')}; "
-            f"AR throughput {_fmt(sweep.get('ar_tokens_per_s'))} tok/s in the same run.",
-            "",
-            "| γ | S | τ | draft forwards/token | tok/s | speedup vs AR |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in sweep["rows"]:
-            lines.append(
-                f"| {r['gamma']} | {r['steps']} | {_fmt(r['tau'])} | {_fmt(r['draft_calls_per_token'])} | "
-                f"{_fmt(r['tokens_per_s'])} | {_fmt(r['speedup'])} |"
-            )
-        lines += [
-            "",
-            f"Chosen: γ = {sweep.get('chosen', {}).get('gamma')}, S = "
-            f"{sweep.get('chosen', {}).get('steps')} ({sweep.get('criterion', '')}).",
-        ]
-    else:
-        lines.append("Not run yet: `relaxspec train diffusion-sweep` fills this table.")
-    (out / "README.md").write_text("\n".join(lines) + "\n")
-    return out / "README.md"
+    recipe = training.get("recipe", {})
+    init = recipe.get("init", "n/a") + (
+        f" (first {recipe.get('layers')} layers)" if recipe.get("init") == "target" else ""
+    )
+    drafter = table(
+        {
+            "mask token id": config.get(CFG_MASK),
+            "training block length γ": config.get(CFG_BLOCK),
+            "initialisation": init,
+            "t ~ U(ε, 1), ε": recipe.get("eps", "n/a"),
+            "AR-term weight": recipe.get("ar_weight", "n/a"),
+            "bundled operating point (γ, S)": (
+                config.get(CFG_GAMMA, "not swept"),
+                config.get(CFG_STEPS, "-"),
+            ),
+        }
+    )
+    sections = [("Drafter", drafter), ("Operating-point sweep (strict SDD, greedy)", _sweep_lines(sweep))]
+    return write_model_card(out, "diffusion — masked-diffusion drafter", DIFFUSION_CARD_SUMMARY, sections)
