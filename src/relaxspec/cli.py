@@ -7,6 +7,7 @@ prints ``error: <message>`` on one line and exits with status 2 on bad input.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
