@@ -109,3 +109,25 @@ def test_theory_model_pair(model_dirs):
 def test_theory_bad_input():
     r = run_cli("theory", "--p", "0.5,x", "--q", "0.5,0.5")
     assert r.returncode == 2 and "comma-separated" in r.stderr
+
+
+def test_latency_table_and_json(model_dirs, tmp_path):
+    target, draft = model_dirs
+    out = tmp_path / "latency.json"
+    r = run_cli(
+        "latency", "--model", str(target), "--model", str(draft), "--decode-steps", "4",
+        "--rounds", "2", "--context", "8", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert list(report) == [str(target), str(draft)]
+    assert report[str(target)]["ratio_to_first"] == pytest.approx(1.0)
+    assert all(row["ms_per_token"] > 0 for row in report.values())
+    assert "ms/token" in r.stdout
+
+
+def test_latency_context_too_long(model_dirs):
+    target, _ = model_dirs
+    r = run_cli("latency", "--model", str(target), "--context", "100000")
+    assert r.returncode != 0
+    assert "context window" in r.stderr

@@ -563,6 +563,35 @@ def eval_cmd(
     print(json.dumps(report, indent=1))
 
 
+@app.command("latency")
+def latency_cmd(
+    model: Annotated[
+        list[Path] | None, typer.Option(help="model directory (repeatable; default: target and draft)")
+    ] = None,
+    context: int = 64,
+    decode_steps: int = 64,
+    rounds: int = 5,
+    out: Path | None = None,
+) -> None:
+    """Per-token decode latency (KV cache) of several models, interleaved in one run, and ratios."""
+    from relaxspec.evaluate import forward_latency
+
+    dirs = model or [_model_dir(None, "target"), _model_dir(None, "draft")]
+    names = {str(d): d for d in dirs}
+    report = forward_latency(names, context=context, decode_steps=decode_steps, rounds=rounds)
+    first = next(iter(report))
+    print(f"{'model':<28} {'params':>10} {'ms/token':>9} {first + ' / model':>24}")
+    for name, row in report.items():
+        ms, ratio = row["ms_per_token"], row["ratio_to_first"]
+        print(f"{name:<28} {row['parameters']:>10,} {ms:>9.3f} {ratio:>24.2f}")
+    if out is not None:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=1))
+        except OSError as err:
+            raise RelaxSpecError(f"cannot write {out}: {err.strerror or err}") from None
+
+
 @app.command("serve")
 def serve_cmd(
     method: Annotated[str, typer.Option(help="default method of requests that do not override it")] = "nsd",

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from relaxspec.datasets import math_examples
+from relaxspec.errors import RelaxSpecError
+from relaxspec.kv import CachedLM
 from relaxspec.methods import build_engine
 from relaxspec.models import load_model
 from relaxspec.sampling import SamplingParams
@@ -53,3 +57,45 @@ def evaluate_model(
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=1))
     return report
+
+
+def forward_latency(
+    model_dirs: dict[str, str | Path], context: int = 64, decode_steps: int = 64, rounds: int = 5
+) -> dict[str, dict[str, float]]:
+    """Per-token decode latency with a KV cache, models interleaved in the same run.
+
+    Each round, for each model: prefill ``context`` tokens, then time ``decode_steps`` one-token
+    forwards (the cost a drafter pays per drafted token and AR pays per output token). Rounds
+    alternate between models so machine drift hits them alike; the median over all timed steps
+    is reported in milliseconds, with the ratio to the first model.
+    """
+    if not model_dirs:
+        raise RelaxSpecError("forward_latency needs at least one model")
+    if context < 1 or decode_steps < 1 or rounds < 1:
+        raise RelaxSpecError("context, decode_steps and rounds must all be >= 1")
+    lms = {name: CachedLM(load_model(path).model, name) for name, path in model_dirs.items()}
+    for name, lm in lms.items():
+        if context + decode_steps > lm.context_length:
+            raise RelaxSpecError(f"context + decode_steps exceeds {name}'s context window")
+    generator = torch.Generator().manual_seed(0)
+    times: dict[str, list[float]] = {name: [] for name in lms}
+    for round_ in range(rounds + 1):  # round 0 warms up and is discarded
+        for name, lm in lms.items():
+            vocab = int(lm.model.config.vocab_size)
+            lm.reset()
+            lm.forward(torch.randint(vocab, (1, context), generator=generator), logits_to_keep=1)
+            for _ in range(decode_steps):
+                token = torch.randint(vocab, (1, 1), generator=generator)
+                started = time.perf_counter()
+                lm.forward(token, logits_to_keep=1)
+                if round_ > 0:
+                    times[name].append(time.perf_counter() - started)
+    first = statistics.median(next(iter(times.values())))
+    return {
+        name: {
+            "ms_per_token": 1e3 * statistics.median(t),
+            "ratio_to_first": first / statistics.median(t),
+            "parameters": sum(p.numel() for p in lms[name].model.parameters()),
+        }
+        for name, t in times.items()
+    }
