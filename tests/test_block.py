@@ -298,7 +298,7 @@ def test_cli_train_block_and_card(tiny_corpus, base_dir, tmp_path):
         app,
         [
             "train",
-            "block-card",
+            "card",
             "--model",
             str(tmp_path / "out"),
             "--metrics",

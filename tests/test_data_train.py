@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from relaxspec.data.corpus import CorpusConfig, build_corpus, read_jsonl
 from relaxspec.data.mathgen import EVAL_SEED_START, MAX_VALUE, extract_answer, generate_problem
 from relaxspec.errors import RelaxSpecError
+from relaxspec.testing import run_cli
 from relaxspec.train.ar import export_checkpoint, train_ar
 from relaxspec.train.tokenizer import MASK, load_tokenizer, train_tokenizer
 
@@ -137,6 +138,26 @@ def test_export_loads_offline_with_auto_classes(corpus, tokenizer_dir, tmp_path,
     assert record["complete"] and record["tokens_seen"] == 2 * 2 * 32
     export_checkpoint(tmp_path / "run", "tiny", tokenizer_dir, tmp_path / "again")
     assert (tmp_path / "again" / "model.safetensors").is_file()
+
+
+def test_ar_card_records_later_metrics(corpus, tokenizer_dir, tmp_path):
+    overrides = {"steps": 2, "batch_size": 2, "seq_len": 32}
+    train_ar("tiny", corpus, tokenizer_dir, tmp_path / "run", tmp_path / "model", overrides, progress=False)
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "# tiny — Llama-style causal LM" in card and "| optimizer steps | 2 of 2 |" in card
+    (tmp_path / "eval.json").write_text(json.dumps({"math_accuracy": 0.5}))
+    r = run_cli(
+        "train", "card", "--model", str(tmp_path / "model"), "--metrics", str(tmp_path / "eval.json"),
+        "--set", "tau=3.5", "--measured-with", "relaxspec eval",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    card = (tmp_path / "model" / "README.md").read_text()
+    assert "| math_accuracy | 0.5 |" in card and "| tau | 3.5 |" in card and "relaxspec eval" in card
+    # a second call keeps earlier metrics
+    assert run_cli("train", "card", "--model", str(tmp_path / "model"), "--set", "x=1").returncode == 0
+    assert "| math_accuracy | 0.5 |" in (tmp_path / "model" / "README.md").read_text()
+    bad = run_cli("train", "card", "--model", str(tmp_path / "model"), "--metrics", str(tmp_path / "no.json"))
+    assert bad.returncode != 0 and "cannot read metrics" in bad.stderr
 
 
 def test_bad_input(corpus, tokenizer_dir, tmp_path):

@@ -431,23 +431,31 @@ def train_block_cmd(
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 
 
-@train_app.command("block-card")
-def train_block_card_cmd(
-    model: Annotated[Path, typer.Option(help="exported block proposer")] = Path("models/block"),
-    metrics: Annotated[Path | None, typer.Option(help="JSON file of metrics to record")] = None,
+@train_app.command("card")
+def train_card_cmd(
+    model: Annotated[Path, typer.Option(help="exported model directory (AR, block or diffusion)")],
+    metrics: Annotated[
+        list[Path] | None, typer.Option(help="JSON file of metrics to record (repeatable)")
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="metric name=value")] = None,
+    measured_with: Annotated[
+        list[str] | None, typer.Option(help="command that measured the metrics (repeatable)")
+    ] = None,
 ) -> None:
-    """(Re)write a block proposer's model card, recording decoding metrics measured later."""
-    from relaxspec.train.block import write_model_card
+    """Record metrics measured after training (eval, bench) and rewrite the model's card."""
+    from relaxspec.train.cards import rewrite_card
 
     values: dict[str, Any] = {}
-    if metrics is not None:
+    for path in metrics or []:
         try:
-            values.update(json.loads(metrics.read_text()))
+            loaded = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
-            raise RelaxSpecError(f"cannot read metrics from {metrics}: {err}") from None
+            raise RelaxSpecError(f"cannot read metrics from {path}: {err}") from None
+        if not isinstance(loaded, dict):
+            raise RelaxSpecError(f"{path} must hold a JSON object of metrics")
+        values.update(loaded)
     values.update(_training_overrides(set_))
-    print(f"wrote {write_model_card(model, values)}")
+    print(f"wrote {rewrite_card(model, values, measured_with)}")
 
 
 @app.command("bench")

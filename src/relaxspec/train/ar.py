@@ -109,7 +109,40 @@ def export_model(
     tokenizer.save_pretrained(out)
     if extra is not None:
         (out / "training.json").write_text(json.dumps(extra, indent=1))
+        write_model_card(out)
     return out
+
+
+AR_CARD_SUMMARY = {
+    "target": (
+        "The bundled target: a Llama-style causal LM trained from scratch on the project's offline "
+        "corpus (synthetic grade-school math and Python standard-library source, DESIGN §5). Every "
+        "method verifies against it by default."
+    ),
+    "draft": (
+        "The bundled draft: a one-layer Llama-style causal LM on the same tokenizer and corpus, about "
+        "a tenth of the target's per-token cost. `sd`, `nsd` and the other draft-model methods "
+        "propose with it; ProVe uses it as the small verifier."
+    ),
+}
+
+
+def write_model_card(model_dir: str | Path, metrics: dict | None = None) -> Path:
+    """(Re)write the ``README.md`` of an AR export from its ``training.json``, merging ``metrics``."""
+    from relaxspec.train.cards import write_card
+
+    record_path = Path(model_dir) / "training.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    preset = record.get("preset", "model")
+    summary = AR_CARD_SUMMARY.get(preset, "A Llama-style causal LM trained with `relaxspec train ar`.")
+    if record.get("notes"):
+        summary += "\n\n" + record["notes"]
+    if record.get("complete") is False:
+        summary += (
+            f"\n\n**Partially trained**: exported from step {record.get('checkpoint_step')} of "
+            f"{record.get('train_config', {}).get('steps')}; rerun the command to finish."
+        )
+    return write_card(model_dir, f"{preset} — Llama-style causal LM", summary, metrics=metrics)
 
 
 def export_checkpoint(

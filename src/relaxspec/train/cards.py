@@ -78,6 +78,39 @@ def history_lines(history: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def record_metrics(
+    model_dir: str | Path, metrics: dict[str, Any] | None = None, commands: list[str] | None = None
+) -> dict[str, Any]:
+    """Merge ``metrics`` (and the ``commands`` that measured them) into ``training.json``."""
+    record_path = Path(model_dir) / "training.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if metrics or commands:
+        record["metrics"] = {**record.get("metrics", {}), **(metrics or {})}
+        record["metric_commands"] = list(
+            dict.fromkeys([*record.get("metric_commands", []), *(commands or [])])
+        )
+        record_path.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def rewrite_card(
+    model_dir: str | Path, metrics: dict[str, Any] | None = None, commands: list[str] | None = None
+) -> Path:
+    """Record ``metrics`` and rewrite the card with the writer of the model's kind (AR, block, diffusion)."""
+    d = Path(model_dir)
+    if not (d / "config.json").is_file():
+        raise RelaxSpecError(f"{d} is not a model directory (no config.json)")
+    record_metrics(d, metrics, commands)
+    config = json.loads((d / "config.json").read_text())
+    if "mars_block_size" in config:
+        from relaxspec.train.block import write_model_card
+    elif "diffusion_format" in config:
+        from relaxspec.train.diffusion import write_card as write_model_card
+    else:
+        from relaxspec.train.ar import write_model_card
+    return write_model_card(d)
+
+
 def write_card(
     model_dir: str | Path,
     title: str,
@@ -90,14 +123,7 @@ def write_card(
     d = Path(model_dir)
     if not (d / "config.json").is_file():
         raise RelaxSpecError(f"{d} is not a model directory (no config.json)")
-    record_path = d / "training.json"
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
-    if metrics or metric_commands:
-        record["metrics"] = {**record.get("metrics", {}), **(metrics or {})}
-        record["metric_commands"] = list(
-            dict.fromkeys([*record.get("metric_commands", []), *(metric_commands or [])])
-        )
-        record_path.write_text(json.dumps(record, indent=1))
+    record = record_metrics(d, metrics, metric_commands)
     config = json.loads((d / "config.json").read_text())
     lines = [
         f"# {title}",
