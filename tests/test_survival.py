@@ -124,6 +124,9 @@ def test_split_by_prompt_keeps_prompts_apart():
     train, val = split_by_prompt(synthetic(100), 0.2)
     assert set(train.prompt.tolist()).isdisjoint(val.prompt.tolist())
     assert len(train) + len(val) == 100
+    # validation prompts are spread over the whole prompt list (math and code alike), not its tail
+    val_prompts = sorted(set(val.prompt.tolist()))
+    assert val_prompts == [4, 9]  # 10 prompts, stride 5
     with pytest.raises(RelaxSpecError, match="val_fraction"):
         split_by_prompt(synthetic(10), 1.0)
 
