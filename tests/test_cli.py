@@ -116,14 +116,15 @@ def test_latency_table_and_json(model_dirs, tmp_path):
     out = tmp_path / "latency.json"
     r = run_cli(
         "latency", "--model", str(target), "--model", str(draft), "--decode-steps", "4",
-        "--rounds", "2", "--context", "8", "--out", str(out),
+        "--rounds", "2", "--context", "8", "--widths", "1,3", "--out", str(out),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
     assert list(report) == [str(target), str(draft)]
     assert report[str(target)]["ratio_to_first"] == pytest.approx(1.0)
     assert all(row["ms_per_token"] > 0 for row in report.values())
-    assert "ms/token" in r.stdout
+    assert all(set(row["ms_per_call"]) == {"1", "3"} for row in report.values())
+    assert "T=3 ms" in r.stdout
 
 
 def test_latency_context_too_long(model_dirs):

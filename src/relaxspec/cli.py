@@ -576,22 +576,31 @@ def latency_cmd(
     model: Annotated[
         list[Path] | None, typer.Option(help="model directory (repeatable; default: target and draft)")
     ] = None,
+    widths: Annotated[
+        str, typer.Option(help="tokens per forward T to time (1 = decode; K+1 = verify)")
+    ] = "1,5,9",
     context: int = 64,
     decode_steps: int = 64,
     rounds: int = 5,
     out: Path | None = None,
 ) -> None:
-    """Per-token decode latency (KV cache) of several models, interleaved in one run, and ratios."""
+    """Forward latency (KV cache) of several models, interleaved in one run: ms per call and ratios."""
     from relaxspec.evaluate import forward_latency
 
     dirs = model or [_model_dir(None, "target"), _model_dir(None, "draft")]
-    names = {str(d): d for d in dirs}
-    report = forward_latency(names, context=context, decode_steps=decode_steps, rounds=rounds)
+    width_list = _int_list(widths, "widths")
+    report = forward_latency(
+        {str(d): d for d in dirs}, context=context, decode_steps=decode_steps, rounds=rounds,
+        widths=tuple(width_list),
+    )  # fmt: skip
     first = next(iter(report))
-    print(f"{'model':<28} {'params':>10} {'ms/token':>9} {first + ' / model':>24}")
+    columns = sorted(next(iter(report.values()))["ms_per_call"])
+    print(f"{'model':<28} {'params':>10} " + " ".join(f"{'T=' + str(w) + ' ms':>9}" for w in columns)
+          + f" {'T=1 ratio':>10}")  # fmt: skip
     for name, row in report.items():
-        ms, ratio = row["ms_per_token"], row["ratio_to_first"]
-        print(f"{name:<28} {row['parameters']:>10,} {ms:>9.3f} {ratio:>24.2f}")
+        calls = " ".join(f"{row['ms_per_call'][w]:>9.3f}" for w in columns)
+        print(f"{name:<28} {row['parameters']:>10,} {calls} {row['ratio_to_first']:>10.2f}")
+    print(f"(T=1 ratio: {first}'s per-token latency divided by each model's)")
     if out is not None:
         try:
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,41 +60,52 @@ def evaluate_model(
 
 
 def forward_latency(
-    model_dirs: dict[str, str | Path], context: int = 64, decode_steps: int = 64, rounds: int = 5
-) -> dict[str, dict[str, float]]:
-    """Per-token decode latency with a KV cache, models interleaved in the same run.
+    model_dirs: dict[str, str | Path],
+    context: int = 64,
+    decode_steps: int = 64,
+    rounds: int = 5,
+    widths: tuple[int, ...] = (1,),
+) -> dict[str, dict]:
+    """Forward latency with a KV cache, models interleaved in the same run.
 
-    Each round, for each model: prefill ``context`` tokens, then time ``decode_steps`` one-token
-    forwards (the cost a drafter pays per drafted token and AR pays per output token). Rounds
-    alternate between models so machine drift hits them alike; the median over all timed steps
-    is reported in milliseconds, with the ratio to the first model.
+    Each round, for each model: prefill ``context`` tokens, then time ``decode_steps`` forwards of
+    ``T`` new tokens for every ``T`` in ``widths`` (the cache is cropped back after each, so the
+    context stays fixed). ``T = 1`` is what AR pays per output token and a drafter per drafted
+    token; ``T = K + 1`` is one verification of K drafts. Rounds alternate between models so
+    machine drift hits them alike; round 0 warms up and is discarded. Reported: median
+    milliseconds per call for each ``T`` (``ms_per_call``), ``ms_per_token`` (``T = 1``), and the
+    first model's ``T = 1`` latency divided by this model's (``ratio_to_first``).
     """
     if not model_dirs:
         raise RelaxSpecError("forward_latency needs at least one model")
-    if context < 1 or decode_steps < 1 or rounds < 1:
-        raise RelaxSpecError("context, decode_steps and rounds must all be >= 1")
+    if context < 1 or decode_steps < 1 or rounds < 1 or not widths or min(widths) < 1:
+        raise RelaxSpecError("context, decode_steps, rounds and every width must be >= 1")
+    widths = tuple(sorted(set(widths) | {1}))
     lms = {name: CachedLM(load_model(path).model, name) for name, path in model_dirs.items()}
     for name, lm in lms.items():
-        if context + decode_steps > lm.context_length:
-            raise RelaxSpecError(f"context + decode_steps exceeds {name}'s context window")
+        if context + max(widths) > lm.context_length:
+            raise RelaxSpecError(f"context + width exceeds {name}'s context window")
     generator = torch.Generator().manual_seed(0)
-    times: dict[str, list[float]] = {name: [] for name in lms}
-    for round_ in range(rounds + 1):  # round 0 warms up and is discarded
+    times: dict[str, dict[int, list[float]]] = {name: {t: [] for t in widths} for name in lms}
+    for round_ in range(rounds + 1):
         for name, lm in lms.items():
             vocab = int(lm.model.config.vocab_size)
             lm.reset()
             lm.forward(torch.randint(vocab, (1, context), generator=generator), logits_to_keep=1)
-            for _ in range(decode_steps):
-                token = torch.randint(vocab, (1, 1), generator=generator)
-                started = time.perf_counter()
-                lm.forward(token, logits_to_keep=1)
-                if round_ > 0:
-                    times[name].append(time.perf_counter() - started)
-    first = statistics.median(next(iter(times.values())))
+            for width in widths:
+                for _ in range(decode_steps):
+                    tokens = torch.randint(vocab, (1, width), generator=generator)
+                    started = time.perf_counter()
+                    lm.forward(tokens, logits_to_keep=width)
+                    if round_ > 0:
+                        times[name][width].append(time.perf_counter() - started)
+                    lm.rollback(context)
+    first = statistics.median(next(iter(times.values()))[1])
     return {
         name: {
-            "ms_per_token": 1e3 * statistics.median(t),
-            "ratio_to_first": first / statistics.median(t),
+            "ms_per_token": 1e3 * statistics.median(t[1]),
+            "ms_per_call": {w: 1e3 * statistics.median(t[w]) for w in widths},
+            "ratio_to_first": first / statistics.median(t[1]),
             "parameters": sum(p.numel() for p in lms[name].model.parameters()),
         }
         for name, t in times.items()
