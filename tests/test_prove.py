@@ -68,6 +68,8 @@ def test_mars_with_tau_one_is_greedy_ar_and_tau_zero_commits_blocks(block):
         records, result = records_of(loose, prompt, greedy(31))
         assert all(len(r.chunk) == r.proposal.k and r.skipped == r.proposal.k for r in records if r.proposal)
         assert result.stats.verifier_calls <= 1  # only a last single token of the budget is verified
+        if result.stats.verifier_calls == 0:  # τ of a verifier-free method: tokens per cycle
+            assert result.stats.tau == pytest.approx(31 / result.stats.cycles) and result.stats.tau > 1
 
 
 def test_mars_commits_the_confident_prefix(block):

@@ -94,8 +94,14 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        """Mean tokens emitted per verifier call (DESIGN §1)."""
-        return self.new_tokens / self.verifier_calls if self.verifier_calls else float(self.new_tokens)
+        """Mean tokens emitted per verifier call (DESIGN §1).
+
+        A method without a verifier (``mars``) reports tokens committed per cycle instead, the
+        same "tokens per expensive forward" (its one forward per cycle is the proposer's).
+        """
+        if self.verifier_calls:
+            return self.new_tokens / self.verifier_calls
+        return self.new_tokens / self.cycles if self.cycles else float(self.new_tokens)
 
     @property
     def other_seconds(self) -> float:

@@ -74,7 +74,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         "ProVe-lossless 2.5× AR throughput, token-identical to greedy AR; ProVe with a small verifier "
         "2.7× at −2.6 points; SD with the same small model 1.63× (ProVe §4.1).",
         ("sd", "mars", "prove", "prove-lossless"),
-        sets=("prove.theta=0.01,0.05,0.1", "sd.k=4"),
+        sets=("prove.theta=0.01,0.05,0.1,0.3,0.5", "sd.k=4"),
     ),
     Experiment(
         "vs",
