@@ -117,7 +117,7 @@ def hf_comparisons(rows: Sequence[Row]) -> list[dict[str, Any]]:
         for hf in ok:
             if hf.method == "hf-assisted" and hf.params.get("k") == sd.params["k"]:
                 out.append(_comparison(f"our {sd.label} vs HF assisted ({hf.label})", sd, hf, HF_GOAL))
-    return out
+    return list({c["comparison"]: c for c in out}.values())  # one line per pair
 
 
 def _comparison(name: str, ours: Row, theirs: Row, goal: float | None) -> dict[str, Any]:
