@@ -6,7 +6,7 @@ Each :class:`Experiment` is one benchmark grid (one results directory under ``--
   with Hugging Face ``generate()``, assisted generation and prompt lookup as peers (NSD Table 1–2);
 - ``prove``: ProVe and ProVe-lossless vs SD with the same small model (the draft model is SD's
   drafter and ProVe's small verifier) and MARS (ProVe Table 1);
-- ``vs`` / ``vs-kmin``: verifier-skipping signals and baselines vs strict SDD on HumanEval, greedy,
+- ``vs`` / ``vs-kmin``: verifier-skipping signals and baselines vs strict SDD on HumanEval and math, greedy,
   and the k_min sweep behind VS's H2.
 
 Methods that are not registered, or whose models are not bundled, are skipped with a note; so are
@@ -78,11 +78,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     ),
     Experiment(
         "vs",
-        "Verifier skipping vs strict SDD, HumanEval, greedy",
+        "Verifier skipping vs strict SDD, HumanEval and math, greedy",
         "All three signals save 9.6–13.5% of verifier calls at strict SDD's pass@1; raw confidence "
         "saves the most; lenience 4.6% fewer calls (VS §5).",
         ("sdd", "sdd-skip", "sdd-periodic"),
-        datasets=("humaneval",),
+        datasets=("humaneval", "math"),
         sets=(
             "sdd-skip.signal=raw,marginal,conditional",
             "sdd-skip.tau=0.8,0.9,0.95",
@@ -93,11 +93,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     ),
     Experiment(
         "vs-kmin",
-        "Verifier skipping: the k_min sweep (VS H2), HumanEval, greedy",
+        "Verifier skipping: the k_min sweep (VS H2), HumanEval and math, greedy",
         "Fewer verifier calls need not mean more throughput: short skips add drafting rounds; "
         "throughput peaks at a k_min above the break-even skip length K* (VS §5, H2).",
         ("sdd", "sdd-skip"),
-        datasets=("humaneval",),
+        datasets=("humaneval", "math"),
         sets=("sdd-skip.k_min=0,2,3,4,6,8", "sdd-skip.shadow=true"),  # k_min <= bundled γ = 8
     ),
 )
