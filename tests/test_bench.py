@@ -365,3 +365,17 @@ def test_rejection_analysis_on_a_synthetic_cycle():
     assert s["extra_entropy_draft"] == pytest.approx(0.0)
     g = diagnostics.gate_summary(diagnostics.gate_counters([cycle]))
     assert g["positions"] == 2 and g["match_rate"] == 0.5  # position 1 matches, position 2 does not
+
+
+def test_fingerprint_ignores_card_records_but_not_weights(tmp_path):
+    from relaxspec.results import model_fingerprint
+
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "training.json").write_text('{"metrics": {}}')
+    before = model_fingerprint(tmp_path)
+    (tmp_path / "training.json").write_text('{"metrics": {"math_accuracy": 0.8}}')  # a card update
+    (tmp_path / "README.md").write_text("# card")
+    assert model_fingerprint(tmp_path) == before
+    (tmp_path / "model.safetensors").write_bytes(b"other weights")
+    assert model_fingerprint(tmp_path) != before

@@ -338,11 +338,20 @@ def build_rows(
 # Results directory: manifest + append-only records
 
 
+CARD_RECORDS = ("training.json", "sweep.json")
+
+
 def model_fingerprint(path: Path) -> str:
-    """Hash of a model's config, tokenizer and weight files (to detect a changed model on resume)."""
+    """Hash of a model's config, tokenizer and weight files (to detect a changed model on resume).
+
+    The records a model card is written from (``training.json``, ``sweep.json``) are left out:
+    recording a metric measured later must not make earlier results look like another model's.
+    """
     h = hashlib.sha1()
     files = [path] if path.is_file() else sorted(f for f in path.iterdir() if f.is_file())
     for f in files:
+        if f.name in CARD_RECORDS:
+            continue
         if f.suffix in (".json", ".safetensors", ".bin", ".pt", ".txt", ".model"):
             h.update(f.name.encode())
             with f.open("rb") as fh:
