@@ -212,3 +212,20 @@ def test_bad_input(corpus, tokenizer_dir, tmp_path):
             overrides={"steps": 4, "batch_size": 2, "seq_len": 32},
             progress=False,
         )
+
+
+def test_mixture_override_is_used_and_recorded(corpus, tokenizer_dir, tmp_path):
+    overrides = {"steps": 1, "batch_size": 2, "seq_len": 32}
+    train_ar(
+        "tiny", corpus, tokenizer_dir, tmp_path / "run", tmp_path / "model", overrides,
+        progress=False, mixture={"math": 0.0, "code": 1.0},
+    )  # fmt: skip
+    record = json.loads((tmp_path / "model" / "training.json").read_text())
+    assert record["mixture"] == {"math": 0.0, "code": 1.0}
+    with pytest.raises(RelaxSpecError, match="mixing weights"):
+        train_ar(
+            "tiny", corpus, tokenizer_dir, tmp_path / "r2", None, overrides,
+            progress=False, mixture={"math": 0.0, "code": 0.0},
+        )  # fmt: skip
+    bad = run_cli("train", "ar", "--config", "tiny", "--mixture", "math=a", "--corpus", str(corpus))
+    assert bad.returncode != 0 and "--mixture expects" in bad.stderr

@@ -212,6 +212,9 @@ def train_ar_cmd(
     export: Annotated[Path | None, typer.Option(help="final model dir (default models/<config>)")] = None,
     steps: int | None = None,
     max_minutes: float | None = None,
+    mixture: Annotated[
+        str | None, typer.Option(help="source weights, e.g. math=0.5,code=0.5 (default 0.7/0.3)")
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="training option override name=value")
     ] = None,
@@ -237,8 +240,23 @@ def train_ar_cmd(
         export_dir=export or Path("models") / config,
         overrides=overrides,
         command=shlex.join(["relaxspec", *sys.argv[1:]]),
+        mixture=_parse_mixture(mixture) if mixture is not None else None,
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
+
+
+def _parse_mixture(text: str) -> dict[str, float]:
+    """``"math=0.5,code=0.5"`` -> ``{"math": 0.5, "code": 0.5}`` (sources: math, code)."""
+    weights: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or name.strip() not in ("math", "code"):
+            raise RelaxSpecError(f"--mixture expects math=W,code=W (non-negative weights), got {text!r}")
+    return weights
 
 
 @train_app.command("export")

@@ -203,8 +203,14 @@ def train_ar(
     overrides: dict | None = None,
     progress: bool = True,
     command: str | None = None,
+    mixture: dict[str, float] | None = None,
 ) -> tuple[LlamaForCausalLM, TrainState]:
-    """Train (or resume) a preset; export it to ``export_dir`` when the run is complete."""
+    """Train (or resume) a preset; export it to ``export_dir`` when the run is complete.
+
+    ``mixture`` overrides the sources' sampling weights (default :data:`MIXTURE`), e.g. more code
+    for a drafter meant for code prompts; resuming with other weights continues from the
+    checkpoint on the new mixture.
+    """
     if preset_name not in PRESETS:
         raise RelaxSpecError(f"unknown model config {preset_name!r}; choose from {sorted(PRESETS)}")
     preset = PRESETS[preset_name]
@@ -215,15 +221,16 @@ def train_ar(
             f"seq_len {config.seq_len} exceeds the model's context {preset.max_position_embeddings}"
         )
 
-    mixture, heldout = training_data(corpus_dir, tokenizer, MIXTURE, config.seq_len, heldout_windows=32)
+    weights = dict(mixture or MIXTURE)
+    mixture_data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=32)
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(llama_config(preset, tokenizer))
     record = {
         "command": command or f"relaxspec train ar --config {preset_name}",
         "preset": preset_name,
         "model": asdict(preset),
-        "mixture": MIXTURE,
-        "stream_tokens": {k: len(v) for k, v in mixture.streams.items()},
+        "mixture": weights,
+        "stream_tokens": {k: len(v) for k, v in mixture_data.streams.items()},
     }
     (Path(run_dir)).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
@@ -232,7 +239,7 @@ def train_ar(
         model,
         config,
         batch_fn=lambda step, micro: {
-            "input_ids": mixture.batch(
+            "input_ids": mixture_data.batch(
                 config.seed, step * config.grad_accum + micro, config.batch_size, config.seq_len
             )
         },
