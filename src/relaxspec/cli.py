@@ -246,7 +246,9 @@ def train_ar_cmd(
 
 
 def _parse_mixture(text: str) -> dict[str, float]:
-    """``"math=0.5,code=0.5"`` -> ``{"math": 0.5, "code": 0.5}`` (sources: math, code)."""
+    """``"math=0.5,code=0.5"`` -> ``{"math": 0.5, "code": 0.5}`` (the sources of ``MIXTURE``)."""
+    from relaxspec.train.ar import MIXTURE
+
     weights: dict[str, float] = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
@@ -254,7 +256,7 @@ def _parse_mixture(text: str) -> dict[str, float]:
             weights[name.strip()] = float(value)
         except ValueError:
             sep = ""
-        if not sep or name.strip() not in ("math", "code"):
+        if not sep or name.strip() not in MIXTURE:
             raise RelaxSpecError(f"--mixture expects math=W,code=W (non-negative weights), got {text!r}")
     return weights
 
@@ -507,8 +509,6 @@ def bench_cmd(
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out."""
-    import shlex
-
     from relaxspec.bench import BenchConfig, parse_models, parse_peers, parse_seeds, run_bench, split_list
 
     config = BenchConfig(
@@ -559,8 +559,6 @@ def reproduce_cmd(
     progress: bool = True,
 ) -> None:
     """Re-run the papers' headline comparisons at our scale and write docs/results.md."""
-    import shlex
-
     from relaxspec.reproduce import reproduce
 
     path = reproduce(
@@ -603,7 +601,7 @@ def latency_cmd(
     out: Path | None = None,
 ) -> None:
     """Forward latency (KV cache) of several models, interleaved in one run: ms per call and ratios."""
-    from relaxspec.evaluate import forward_latency
+    from relaxspec.evaluate import forward_latency, write_report
 
     dirs = model or [_model_dir(None, "target"), _model_dir(None, "draft")]
     width_list = _int_list(widths, "widths")
@@ -620,11 +618,7 @@ def latency_cmd(
         print(f"{name:<28} {row['parameters']:>10,} {calls} {row['ratio_to_first']:>10.2f}")
     print(f"(T=1 ratio: {first}'s per-token latency divided by each model's)")
     if out is not None:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(report, indent=1))
-        except OSError as err:
-            raise RelaxSpecError(f"cannot write {out}: {err.strerror or err}") from None
+        write_report(out, report)
 
 
 @app.command("serve")
@@ -734,8 +728,6 @@ def loadtest_cmd(
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("results/loadtest.json"),
 ) -> None:
     """Throughput, p50/p99 latency and time to first token per concurrency level (and speedup vs ar)."""
-    import shlex
-
     from relaxspec.loadtest import LoadtestConfig, load_prompts, print_table, run_loadtest, write_report
 
     spawn_args: list[str] = []

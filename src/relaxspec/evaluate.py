@@ -54,9 +54,17 @@ def evaluate_model(
 ) -> dict:
     report = {"model": str(model_dir), **math_accuracy(model_dir, limit), **code_loss(model_dir, corpus_dir)}
     if out is not None:
+        write_report(out, report)
+    return report
+
+
+def write_report(out: str | Path, report: dict) -> None:
+    """Write a measurement report as JSON, creating its directory; one clear error if it cannot."""
+    try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=1))
-    return report
+    except OSError as err:
+        raise RelaxSpecError(f"cannot write {out}: {err.strerror or err}") from None
 
 
 def forward_latency(

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -23,9 +22,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from relaxspec.sampling import processed_probs
 from relaxspec.train.tokenizer import EOS, MASK, PAD
-
-if TYPE_CHECKING:
-    pass
 
 
 def tiny_tokenizer(n_words: int = 8) -> PreTrainedTokenizerFast:

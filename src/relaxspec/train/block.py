@@ -267,7 +267,6 @@ def train_block(
     model, tokenizer = base.model, base.tokenizer
     mask_id = prepare_base_model(model, tokenizer, block_size)
     config = make_config(run_dir, DEFAULT_RECIPE, overrides)
-    config.validate()
     if config.seq_len > base.context_length:
         raise RelaxSpecError(f"seq_len {config.seq_len} exceeds the model's context {base.context_length}")
     if block_size > config.seq_len:
