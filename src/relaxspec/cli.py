@@ -451,6 +451,81 @@ def train_block_cmd(
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 
 
+@train_app.command("distill-data")
+def train_distill_data_cmd(
+    teacher: TargetOpt = None,
+    corpus: Path = Path("data/corpus"),
+    out: Annotated[Path, typer.Option(help="JSONL of teacher rows (appended; resumed)")] = Path(
+        "runs/distill/rows.jsonl"
+    ),
+    n_code: Annotated[
+        int, typer.Option(help="function-signature prompts from the stdlib training split")
+    ] = 3400,
+    n_math: Annotated[int, typer.Option(help="math training questions")] = 800,
+    max_new_tokens: int = 96,
+    max_prompt_tokens: int = 160,
+    batch_size: int = 48,
+) -> None:
+    """Continue training-split prompts greedily with the teacher: the data `train distill` learns from."""
+    from relaxspec.train.distill import build_distill_data
+
+    path = build_distill_data(
+        _model_dir(teacher, "target"),
+        corpus,
+        out,
+        n_code=n_code,
+        n_math=n_math,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max_prompt_tokens,
+        batch_size=batch_size,
+    )
+    print(f"teacher rows in {path}")
+
+
+@train_app.command("distill")
+def train_distill_cmd(
+    student: Annotated[
+        Path | None, typer.Option(help="drafter to start from (default: bundled draft)")
+    ] = None,
+    teacher: TargetOpt = None,
+    data: Annotated[Path, typer.Option(help="rows from `train distill-data`")] = Path(
+        "runs/distill/rows.jsonl"
+    ),
+    corpus: Path = Path("data/corpus"),
+    run_dir: Annotated[Path, typer.Option(help="checkpoints (resumed if present)")] = Path(
+        "runs/distill/run"
+    ),
+    export: Annotated[Path, typer.Option(help="final model directory")] = Path("runs/distill/model"),
+    corpus_weight: Annotated[float, typer.Option(help="share of plain corpus windows per batch")] = 0.25,
+    temperature: Annotated[float, typer.Option(help="KL temperature")] = 1.0,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    max_minutes: Annotated[
+        float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="training option override name=value")
+    ] = None,
+) -> None:
+    """Distil the target into a drafter (forward KL on the teacher's own continuations, DistillSpec)."""
+    from relaxspec.train.distill import DistillRecipe, train_distill
+
+    overrides = _training_overrides(set_, steps=steps, batch_size=batch_size, lr=lr, max_minutes=max_minutes)
+    _, state = train_distill(
+        _model_dir(student, "draft"),
+        _model_dir(teacher, "target"),
+        data,
+        corpus,
+        run_dir,
+        export,
+        DistillRecipe(corpus_weight=corpus_weight, temperature=temperature),
+        overrides,
+        command=shlex.join(["relaxspec", *sys.argv[1:]]),
+    )
+    print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
+
+
 @train_app.command("card")
 def train_card_cmd(
     model: Annotated[Path, typer.Option(help="exported model directory (AR, block or diffusion)")],

@@ -1,0 +1,157 @@
+"""Drafter distillation: prompt extraction, teacher rows (resumable), the KL loss, training, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from relaxspec.data.corpus import CorpusConfig, build_corpus, read_jsonl
+from relaxspec.errors import RelaxSpecError
+from relaxspec.models import load_model
+from relaxspec.testing import run_cli
+from relaxspec.train.ar import train_ar
+from relaxspec.train.distill import (
+    DistillRecipe,
+    build_distill_data,
+    function_prompts,
+    kl_to_teacher,
+    load_rows,
+    top1_agreement,
+    train_distill,
+)
+from relaxspec.train.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    """A tiny corpus, tokenizer, a trained teacher and a barely trained student."""
+    root = tmp_path_factory.mktemp("distill")
+    build_corpus(root / "corpus", CorpusConfig(n_math_train=300, n_math_eval=40, max_code_files=40))
+    train_tokenizer(root / "corpus", root / "tok", vocab_size=400, n_math=300)
+    common = {"batch_size": 8, "seq_len": 64, "eval_every": 100}
+    train_ar(
+        "tiny", root / "corpus", root / "tok", root / "t-run", root / "teacher",
+        {**common, "steps": 40, "lr": 1e-2}, progress=False,
+    )  # fmt: skip
+    train_ar(
+        "tiny", root / "corpus", root / "tok", root / "s-run", root / "student",
+        {**common, "steps": 2, "seed": 1}, progress=False,
+    )  # fmt: skip
+    rows = build_distill_data(
+        root / "teacher", root / "corpus", root / "rows.jsonl", n_code=30, n_math=30,
+        max_new_tokens=12, max_prompt_tokens=150, batch_size=8, progress=False,
+    )  # fmt: skip
+    return root, rows
+
+
+def test_function_prompts_are_dedented_signature_and_docstring():
+    source = (
+        "import os\n\n"
+        "class A:\n"
+        "    @property\n"
+        "    def name(self, x):\n"
+        '        """Say the name.\n\n        Twice."""\n'
+        "        return x\n\n"
+        "def undocumented():\n    return 1\n\n"
+        "def top(a: int) -> int:\n"
+        '    "Add one."\n'
+        "    return a + 1\n"
+    )
+    prompts = function_prompts(source)
+    assert sorted(prompts) == sorted(
+        [
+            'def name(self, x):\n    """Say the name.\n\n    Twice."""',
+            'def top(a: int) -> int:\n    "Add one."',
+        ]
+    )
+    assert function_prompts("def broken(:\n") == []
+
+
+def test_kl_is_zero_on_equal_logits_positive_otherwise_and_masked():
+    torch.manual_seed(0)
+    teacher = torch.randn(2, 5, 11)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    assert kl_to_teacher(teacher, teacher, mask).item() == pytest.approx(0.0, abs=1e-6)
+    student = torch.randn(2, 5, 11)
+    assert kl_to_teacher(student, teacher, mask).item() > 0
+    # positions outside the mask do not count, whatever their logits
+    noisy = student.clone()
+    noisy[:, 3:] = 100 * torch.randn(2, 2, 11)
+    mask[:, 3:] = 0
+    assert kl_to_teacher(noisy, teacher, mask).item() == pytest.approx(
+        kl_to_teacher(student[:, :3], teacher[:, :3], mask[:, :3]).item(), rel=1e-5
+    )
+
+
+def test_rows_are_teacher_greedy_continuations_of_training_prompts(family):
+    root, rows_path = family
+    rows = read_jsonl(rows_path)
+    assert {r["source"] for r in rows} == {"code", "math"}
+    teacher = load_model(root / "teacher")
+    for row in rows[:: len(rows) // 4]:
+        prompt = row["ids"][: row["prompt_len"]]
+        assert 0 < len(row["ids"]) - row["prompt_len"] <= 12
+        expected = teacher.model.generate(
+            torch.tensor([prompt]), max_new_tokens=len(row["ids"]) - len(prompt), do_sample=False,
+            pad_token_id=teacher.tokenizer.pad_token_id,
+        )  # fmt: skip
+        assert expected[0].tolist() == row["ids"]
+    # math prompts come from the training split and end where evaluation prompts end
+    math_row = next(r for r in rows if r["source"] == "math")
+    assert teacher.tokenizer.decode(math_row["ids"][: math_row["prompt_len"]]).endswith("Answer:")
+
+
+def test_interrupted_build_resumes_to_the_same_rows(family, tmp_path):
+    root, rows_path = family
+    lines = rows_path.read_text().splitlines(keepends=True)
+    partial = tmp_path / "rows.jsonl"
+    partial.write_text("".join(lines[:13]))  # a run killed after 13 rows
+    build_distill_data(
+        root / "teacher", root / "corpus", partial, n_code=30, n_math=30,
+        max_new_tokens=12, max_prompt_tokens=150, batch_size=8, progress=False,
+    )  # fmt: skip
+    assert partial.read_text() == "".join(lines)
+
+
+def test_distillation_raises_agreement_with_the_teacher(family, tmp_path):
+    root, rows_path = family
+    teacher = load_model(root / "teacher").model
+    student = load_model(root / "student").model
+    pad = load_model(root / "student").tokenizer.pad_token_id
+    train_rows, heldout = load_rows(rows_path, 64)
+    before = top1_agreement(student, teacher, heldout + train_rows[:20], pad)
+    model, state = train_distill(
+        root / "student", root / "teacher", rows_path, root / "corpus", tmp_path / "run", tmp_path / "out",
+        DistillRecipe(corpus_weight=0.25),
+        {"steps": 40, "batch_size": 8, "seq_len": 64, "lr": 1e-2, "warmup": 2, "eval_every": 20},
+        progress=False,
+    )  # fmt: skip
+    after = top1_agreement(model.float(), teacher, heldout + train_rows[:20], pad)
+    assert after > before + 0.1, (before, after)
+    assert state.history[-1]["agreement"] > 0
+    record = json.loads((tmp_path / "out" / "training.json").read_text())
+    assert record["distillation"]["teacher"] == str(root / "teacher") and record["complete"]
+    assert load_model(tmp_path / "out").model.config.num_hidden_layers == 2
+
+
+def test_bad_input(family, tmp_path):
+    root, rows_path = family
+    args = (root / "student", root / "teacher")
+    with pytest.raises(RelaxSpecError, match="distillation rows not found"):
+        train_distill(
+            *args, tmp_path / "missing.jsonl", root / "corpus", tmp_path / "r", None, progress=False
+        )
+    bogus = tmp_path / "bogus.jsonl"
+    bogus.write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(RelaxSpecError, match="not a distillation file"):
+        train_distill(*args, bogus, root / "corpus", tmp_path / "r", None, progress=False)
+    with pytest.raises(RelaxSpecError, match="corpus_weight"):
+        train_distill(
+            *args, rows_path, root / "corpus", tmp_path / "r", None, DistillRecipe(corpus_weight=1.5)
+        )
+    with pytest.raises(RelaxSpecError, match="not both 0"):
+        build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", n_code=0, n_math=0)
+    done = run_cli("train", "distill", "--student", str(tmp_path / "nope"), "--data", str(rows_path))
+    assert done.returncode == 2 and "model directory not found" in done.stderr + done.stdout
