@@ -241,6 +241,36 @@ def top1_agreement(
     return same / max(total, 1)
 
 
+def _shown(path: str | Path) -> str:
+    """A path as the user would type it: relative to the working directory when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _distill_notes(record: dict, base: dict) -> str:
+    """The card's account of the two stages: pre-training (from the student's record), distillation."""
+    d, pre = record["distillation"], record["base_training"]
+    text = (
+        f"Trained in two stages. **Pre-training** of `{d['student_init']}`"
+        + (f" with `{base['command']}`" if base.get("command") else "")
+        + (
+            f": {pre['checkpoint_step']} steps, {pre['tokens_seen'] / 1e6:.2f}M tokens, "
+            f"{pre['wall_seconds'] / 60:.0f} min"
+            if {"checkpoint_step", "tokens_seen", "wall_seconds"} <= set(pre)
+            else ""
+        )
+        + f". **Distillation** from `{d['teacher']}` (DistillSpec): `relaxspec train distill-data` had the "
+        f"teacher continue {d['rows'] + d['heldout_rows']} training-split prompts greedily (function "
+        "signatures with docstrings from the stdlib training modules, math questions); the student then "
+        f"minimised the forward KL to the teacher on those rows ({1 - d['corpus_weight']:.0%}) and on "
+        f"plain corpus windows ({d['corpus_weight']:.0%}). The training table below is the distillation "
+        "stage; `agreement` is the student's top-1 agreement with the teacher on held-out rows."
+    )
+    return text
+
+
 def train_distill(
     student_dir: str | Path,
     teacher_dir: str | Path,
@@ -301,12 +331,13 @@ def train_distill(
     record_path = Path(student_dir) / "training.json"
     base = json.loads(record_path.read_text()) if record_path.is_file() else {}
     record = {
-        **{k: v for k, v in base.items() if k in ("preset", "model", "mixture")},
+        **{k: v for k, v in base.items() if k in ("preset", "model")},
+        "mixture": {"teacher rows": 1 - recipe.corpus_weight, "corpus math/code 1:1": recipe.corpus_weight},
         "command": command or "relaxspec train distill",
         "distillation": {
-            "student_init": str(student_dir),
-            "teacher": str(teacher_dir),
-            "data": str(data_path),
+            "student_init": _shown(student_dir),
+            "teacher": _shown(teacher_dir),
+            "data": _shown(data_path),
             "rows": len(rows),
             "heldout_rows": len(heldout_rows),
             **asdict(recipe),
@@ -315,6 +346,7 @@ def train_distill(
             k: base[k] for k in ("tokens_seen", "wall_seconds", "checkpoint_step") if k in base
         },
     }
+    record["notes"] = _distill_notes(record, base)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
     model, state = train(student.model, config, batch_fn, loss_fn, eval_fn, progress=progress)
