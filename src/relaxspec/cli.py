@@ -31,6 +31,10 @@ TargetOpt = Annotated[
     Path | None, typer.Option(help="target model directory (default: bundled models/target)")
 ]
 DraftOpt = Annotated[Path | None, typer.Option(help="draft model directory (default: bundled models/draft)")]
+MaxMinutesOpt = Annotated[
+    float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
+]
+TrainSetOpt = Annotated[list[str] | None, typer.Option("--set", help="training option override name=value")]
 
 
 def _model_dir(path: Path | None, name: str) -> Path:
@@ -215,9 +219,7 @@ def train_ar_cmd(
     mixture: Annotated[
         str | None, typer.Option(help="source weights, e.g. math=0.5,code=0.5 (default 0.7/0.3)")
     ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="training option override name=value")
-    ] = None,
+    set_: TrainSetOpt = None,
 ) -> None:
     """Train (or resume) a Llama-style causal LM preset with the shared loop."""
     from relaxspec.train.ar import train_ar
@@ -295,12 +297,8 @@ def train_diffusion_cmd(
     batch_size: int | None = None,
     seq_len: int | None = None,
     lr: float | None = None,
-    max_minutes: Annotated[
-        float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="training option override name=value")
-    ] = None,
+    max_minutes: MaxMinutesOpt = None,
+    set_: TrainSetOpt = None,
     export_partial: Annotated[
         bool, typer.Option(help="export even if --max-minutes stopped the run early")
     ] = False,
@@ -432,12 +430,8 @@ def train_block_cmd(
     batch_size: int | None = None,
     seq_len: Annotated[int | None, typer.Option(help="window length L (fed as 2L)")] = None,
     lr: float | None = None,
-    max_minutes: Annotated[
-        float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="training option override name=value")
-    ] = None,
+    max_minutes: MaxMinutesOpt = None,
+    set_: TrainSetOpt = None,
 ) -> None:
     """Fine-tune a causal LM into a MARS block proposer (ProVe §2) and export it with a model card."""
     from relaxspec.train.block import train_block
@@ -501,12 +495,8 @@ def train_distill_cmd(
     steps: int | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
-    max_minutes: Annotated[
-        float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
-    ] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="training option override name=value")
-    ] = None,
+    max_minutes: MaxMinutesOpt = None,
+    set_: TrainSetOpt = None,
 ) -> None:
     """Distil the target into a drafter (forward KL on the teacher's own continuations, DistillSpec)."""
     from relaxspec.train.distill import DistillRecipe, train_distill

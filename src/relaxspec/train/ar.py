@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from relaxspec.errors import RelaxSpecError
-from relaxspec.train.loop import TrainState, make_config, train
+from relaxspec.train.loop import TrainConfig, TrainState, finished_run_record, make_config, train
 from relaxspec.train.tokenizer import load_tokenizer
 from relaxspec.train.tokens import training_data
 
@@ -170,33 +170,19 @@ def export_checkpoint(
     tokenizer = load_tokenizer(tokenizer_dir)
     model = LlamaForCausalLM(llama_config(PRESETS[preset_name], tokenizer))
     try:
-        state = load_file(str(ckpt / "model.safetensors"))
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        weights = load_file(str(ckpt / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected or set(missing) - {"lm_head.weight"}:  # the tied head is not stored
             raise ValueError(f"missing {missing}, unexpected {unexpected}")
     except Exception as err:
         raise RelaxSpecError(f"corrupt checkpoint {ckpt}: {err}") from None
     model.tie_weights()
-    trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = TrainState(**json.loads((ckpt / "trainer_state.json").read_text()))
     run = (
         json.loads((Path(run_dir) / "run.json").read_text()) if (Path(run_dir) / "run.json").is_file() else {}
     )
-    config = json.loads((ckpt / "train_config.json").read_text())
-    return export_model(
-        model,
-        tokenizer,
-        out_dir,
-        extra={
-            **run,
-            "train_config": config,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "checkpoint_step": trainer_state["step"],
-            "complete": trainer_state["step"] >= config["steps"],
-            "tokens_seen": trainer_state["tokens_seen"],
-            "wall_seconds": trainer_state["elapsed_seconds"],
-            "history": trainer_state["history"],
-        },
-    )
+    config = TrainConfig(**json.loads((ckpt / "train_config.json").read_text()))
+    return export_model(model, tokenizer, out_dir, extra={**run, **finished_run_record(model, config, state)})
 
 
 def train_ar(
@@ -253,20 +239,7 @@ def train_ar(
         progress=progress,
     )
     if export_dir is not None and state.step >= config.steps:
-        n_params = sum(p.numel() for p in model.parameters())
         export_model(
-            model,
-            tokenizer,
-            export_dir,
-            extra={
-                **record,
-                "train_config": asdict(config),
-                "parameters": n_params,
-                "checkpoint_step": state.step,
-                "complete": True,
-                "tokens_seen": state.tokens_seen,
-                "wall_seconds": state.elapsed_seconds,
-                "history": state.history,
-            },
+            model, tokenizer, export_dir, extra={**record, **finished_run_record(model, config, state)}
         )
     return model, state

@@ -34,10 +34,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from relaxspec.data.corpus import read_jsonl
+from relaxspec.data.mathgen import generate_problem
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import load_model
 from relaxspec.train.ar import export_model, heldout_losses
-from relaxspec.train.loop import TrainState, make_config, train
+from relaxspec.train.loop import TrainState, finished_run_record, make_config, train
 from relaxspec.train.tokens import training_data
 
 HELDOUT_EVERY = 20  # every 20th distillation row is held out for the agreement metric
@@ -71,11 +72,6 @@ def function_prompts(module_source: str) -> list[str]:
     return prompts
 
 
-def math_prompt(problem_text: str) -> str:
-    """A training problem's question, ending in ``Answer:`` as the evaluation prompts do."""
-    return problem_text.split("\nAnswer:")[0] + "\nAnswer:"
-
-
 def distill_prompts(corpus_dir: str | Path, n_code: int, n_math: int, seed: int = 0) -> list[dict]:
     """``n_code`` function prompts and ``n_math`` math prompts from the *training* splits, shuffled."""
     corpus = Path(corpus_dir)
@@ -93,7 +89,7 @@ def distill_prompts(corpus_dir: str | Path, n_code: int, n_math: int, seed: int 
         rows = read_jsonl(corpus / "math_train.jsonl")
         if len(rows) < n_math:
             raise RelaxSpecError(f"only {len(rows)} math training problems; asked {n_math}")
-        math = [math_prompt(rows[i]["text"]) for i in rng.sample(range(len(rows)), n_math)]
+        math = [generate_problem(rows[i]["seed"]).prompt for i in rng.sample(range(len(rows)), n_math)]
     prompts = [{"source": "code", "prompt": p} for p in code[:n_code]]
     prompts += [{"source": "math", "prompt": p} for p in math]
     rng.shuffle(prompts)
@@ -352,18 +348,6 @@ def train_distill(
     model, state = train(student.model, config, batch_fn, loss_fn, eval_fn, progress=progress)
     if export_dir is not None and state.step >= config.steps:
         export_model(
-            model,
-            tokenizer,
-            export_dir,
-            extra={
-                **record,
-                "train_config": asdict(config),
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "checkpoint_step": state.step,
-                "complete": True,
-                "tokens_seen": state.tokens_seen,
-                "wall_seconds": state.elapsed_seconds,
-                "history": state.history,
-            },
+            model, tokenizer, export_dir, extra={**record, **finished_run_record(model, config, state)}
         )
     return model, state

@@ -87,6 +87,19 @@ class TrainState:
     history: list[dict] = field(default_factory=list)  # evaluation records
 
 
+def finished_run_record(model: torch.nn.Module, config: TrainConfig, state: TrainState) -> dict:
+    """What an export's ``training.json`` says about the run that produced it (cards read it)."""
+    return {
+        "train_config": asdict(config),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "checkpoint_step": state.step,
+        "complete": state.step >= config.steps,
+        "tokens_seen": state.tokens_seen,
+        "wall_seconds": state.elapsed_seconds,
+        "history": state.history,
+    }
+
+
 def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
     """Linear warmup then cosine decay to ``min_lr_ratio`` at ``steps``."""
 
