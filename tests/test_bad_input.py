@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import build_engine
 from relaxspec.models import LoadedModel, load_model
-from relaxspec.sampling import SamplingParams
 from relaxspec.testing import tiny_llama, tiny_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""Continuous batching (relaxspec.batching): a request's output does not depend on its batch.
+"""Continuous batching (relaxspec.engine.batching): a request's output does not depend on its batch.
 
 Concurrent generations through a ServingPool with batching share one forward per model per step
 (rows of a shared KV cache with holes); these tests compare them with the same requests run one by
@@ -12,10 +12,10 @@ import threading
 import pytest
 import torch
 
-from relaxspec.batching import Batcher, SharedCache
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.batching import Batcher, SharedCache
 from relaxspec.methods import ModelSet
-from relaxspec.sampling import SamplingParams
-from relaxspec.serving import ServingPool
+from relaxspec.serve.pool import ServingPool
 
 PROMPTS = ["w1", "w2 w3", "w4 w4 w5 w1", "w0", "w7 w6 w5 w4 w3 w2 w1", "w3 w3", "w5 w1 w2", "w6"]
 LENGTHS = [10, 20, 15, 30, 8, 25, 12, 18]
@@ -78,7 +78,7 @@ def test_long_runs_with_many_rejections_compact_holes(target, unrelated_draft):
 def test_shared_cache_rows_match_fresh_forwards(target):
     """Drive a SharedCache directly: after appends, rollbacks and compaction, each row's next-token
     logits equal a fresh forward of that row's committed tokens."""
-    from relaxspec.batching import RowLM, _Request
+    from relaxspec.engine.batching import RowLM, _Request
 
     model = target.model
     batcher = Batcher()

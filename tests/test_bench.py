@@ -8,15 +8,15 @@ import sys
 import pytest
 import torch
 
-from relaxspec import diagnostics
 from relaxspec.acceptance import Verdict
-from relaxspec.bench import BenchConfig, expand_grid, parse_sets, plan, run_bench
 from relaxspec.data.mathgen import extract_answer
-from relaxspec.datasets import file_examples, load_examples, math_examples
-from relaxspec.engine import CycleRecord, GenerationStats
+from relaxspec.engine.loop import CycleRecord, GenerationStats
+from relaxspec.engine.proposers.base import Proposal
 from relaxspec.errors import RelaxSpecError
-from relaxspec.proposers.base import Proposal
-from relaxspec.results import RECORDS, Cell, build_rows, load_records, speedup, throughput
+from relaxspec.eval import diagnostics
+from relaxspec.eval.bench import BenchConfig, expand_grid, parse_sets, plan, run_bench
+from relaxspec.eval.datasets import file_examples, load_examples, math_examples
+from relaxspec.eval.results import RECORDS, Cell, build_rows, load_records, speedup, throughput
 
 SAMPLING = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}
 
@@ -368,7 +368,7 @@ def test_rejection_analysis_on_a_synthetic_cycle():
 
 
 def test_fingerprint_ignores_card_records_but_not_weights(tmp_path):
-    from relaxspec.results import model_fingerprint
+    from relaxspec.eval.results import model_fingerprint
 
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     (tmp_path / "model.safetensors").write_bytes(b"weights")

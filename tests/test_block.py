@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from relaxspec.engine import Engine
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.loop import Engine
+from relaxspec.engine.proposers.block import BlockProposer
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import load_model
-from relaxspec.proposers.block import BlockProposer
-from relaxspec.sampling import SamplingParams
 from relaxspec.testing import counting_windows, tiny_llama, tiny_tokenizer
 from relaxspec.train.ar import causal_lm_loss
 from relaxspec.train.block import (

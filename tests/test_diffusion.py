@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from relaxspec.errors import RelaxSpecError
-from relaxspec.proposers.diffusion import (
+from relaxspec.core.sampling import SamplingParams, processed_probs
+from relaxspec.engine.proposers.diffusion import (
     CFG_BLOCK,
     DiffusionLM,
     DiffusionProposer,
@@ -18,7 +18,7 @@ from relaxspec.proposers.diffusion import (
     load_diffusion,
     reveal_count,
 )
-from relaxspec.sampling import SamplingParams, processed_probs
+from relaxspec.errors import RelaxSpecError
 from relaxspec.testing import tiny_llama
 from relaxspec.train.diffusion import (
     diffusion_loss_parts,

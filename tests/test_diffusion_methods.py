@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from relaxspec.acceptance import Greedy, Lenience, verify
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.proposers.diffusion import CFG_GAMMA, CFG_STEPS
 from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.sdd_sweep import sweep_operating_points, training_prompts
 from relaxspec.methods import ModelSet, build_engine, load_models
 from relaxspec.models import LoadedModel
-from relaxspec.proposers.diffusion import CFG_GAMMA, CFG_STEPS
-from relaxspec.sampling import SamplingParams
-from relaxspec.sdd import sweep_operating_points, training_prompts
 from relaxspec.testing import perturbed_copy, run_cli, tiny_llama, tiny_tokenizer
 from relaxspec.train.diffusion import mark_drafter
 
@@ -260,7 +260,8 @@ def test_load_models_with_an_optional_survival_role(sdd_dirs):
 def test_sweep_writes_the_operating_point(tmp_path, sdd_dirs, target):
     import shutil
 
-    from relaxspec.proposers.diffusion import load_diffusion
+    from relaxspec.engine.proposers.diffusion import load_diffusion
+    from relaxspec.train.diffusion import record_sweep
 
     drafter = tmp_path / "drafter"
     shutil.copytree(sdd_dirs[1], drafter)
@@ -271,9 +272,9 @@ def test_sweep_writes_the_operating_point(tmp_path, sdd_dirs, target):
         [1, 2, 4],
         ["w1 w2", "w3"],
         max_new_tokens=12,
-        write_to=drafter,
         progress=False,
     )
+    record_sweep(drafter, result)
     assert [(r["gamma"], r["steps"]) for r in result["rows"]] == [(2, 1), (2, 2), (4, 1), (4, 2), (4, 4)]
     cfg = json.loads((drafter / "config.json").read_text())
     assert (cfg[CFG_GAMMA], cfg[CFG_STEPS]) == (result["chosen"]["gamma"], result["chosen"]["steps"])

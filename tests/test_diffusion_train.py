@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.data.corpus import CorpusConfig, build_corpus
+from relaxspec.engine.proposers.diffusion import CFG_BLOCK, CFG_FORMAT, FORMAT, load_diffusion
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import load_model
-from relaxspec.proposers.diffusion import CFG_BLOCK, CFG_FORMAT, FORMAT, load_diffusion
-from relaxspec.sampling import SamplingParams
 from relaxspec.train.ar import train_ar
 from relaxspec.train.diffusion import DiffusionRecipe, train_diffusion
 from relaxspec.train.tokenizer import train_tokenizer

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from relaxspec.acceptance import Exact, Lenience, Nucleus
-from relaxspec.engine import Engine
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.loop import Engine
+from relaxspec.engine.proposers import DraftModel
 from relaxspec.methods import build_engine
-from relaxspec.proposers import DraftModel
-from relaxspec.sampling import SamplingParams
 
 PROMPTS = ["w1", "w2 w3 w4", "w0 w0 w7 w5 w1", "w6 w2 w2 w3 w1 w0 w4 w5 w7"]
 

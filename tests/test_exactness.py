@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.methods import build_engine
 from relaxspec.models import LoadedModel
-from relaxspec.sampling import SamplingParams
 from relaxspec.testing import chi_square_pvalue, exact_joint, sample_continuations, tiny_llama, tiny_tokenizer
 
 PROMPT = "w0 w1"

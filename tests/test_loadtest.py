@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from relaxspec.errors import RelaxSpecError
-from relaxspec.loadtest import (
+from relaxspec.methods import ModelSet
+from relaxspec.models import load_model
+from relaxspec.serve.loadtest import (
     LevelResult,
     LoadtestConfig,
     Prompt,
@@ -22,10 +24,8 @@ from relaxspec.loadtest import (
     summarize,
     write_report,
 )
-from relaxspec.methods import ModelSet
-from relaxspec.models import load_model
-from relaxspec.server import BackgroundServer, create_app
-from relaxspec.serving import ServingPool
+from relaxspec.serve.pool import ServingPool
+from relaxspec.serve.server import BackgroundServer, create_app
 
 # --- arithmetic -------------------------------------------------------------------------------
 

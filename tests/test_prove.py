@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relaxspec.engine import CycleRecord
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.loop import CycleRecord
 from relaxspec.errors import RelaxSpecError
-from relaxspec.methods import ModelSet, build_engine, resolve_params
-from relaxspec.models import LoadedModel
-from relaxspec.prove_diagnostics import (
+from relaxspec.eval.prove_diagnostics import (
     analyze_cycles,
     ar_matching_prefix,
     auroc,
@@ -17,7 +16,8 @@ from relaxspec.prove_diagnostics import (
     non_matching_rate,
     sequential_population,
 )
-from relaxspec.sampling import SamplingParams
+from relaxspec.methods import ModelSet, build_engine, resolve_params
+from relaxspec.models import LoadedModel
 from relaxspec.testing import chi_square_pvalue, exact_joint, sample_continuations, tiny_llama, tiny_tokenizer
 
 # on the counting pattern (long AR-matching prefixes) and off it (early mismatches)

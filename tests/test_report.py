@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from relaxspec.engine import GenerationStats
+from relaxspec.engine.loop import GenerationStats
 from relaxspec.errors import RelaxSpecError
-from relaxspec.report import hf_comparisons, render_report, sweeps
-from relaxspec.reproduce import EXPERIMENTS, Experiment, plan_experiment, usable_methods, usable_sets
-from relaxspec.results import MANIFEST, RECORDS, Cell, build_rows
+from relaxspec.eval.report import hf_comparisons, render_report, sweeps
+from relaxspec.eval.reproduce import EXPERIMENTS, Experiment, plan_experiment, usable_methods, usable_sets
+from relaxspec.eval.results import MANIFEST, RECORDS, Cell, build_rows
 
 SAMPLING = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}
 
@@ -124,7 +124,7 @@ def test_report_renders_tables_plots_and_html(results_dir, tmp_path):
 
 
 def test_sweeps_and_hf_comparisons(results_dir):
-    from relaxspec.results import load_records
+    from relaxspec.eval.results import load_records
 
     rows = build_rows(load_records(results_dir), combine_seeds=True)
     found = sweeps(rows)

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from relaxspec.datasets import HUMANEVAL_STOP, humaneval_examples, truncate
 from relaxspec.errors import RelaxSpecError
-from relaxspec.sandbox import Limits, check_completion, run_python
+from relaxspec.eval.datasets import HUMANEVAL_STOP, humaneval_examples, truncate
+from relaxspec.eval.sandbox import Limits, check_completion, run_python
 
 TASKS = ["HumanEval/0", "HumanEval/2", "HumanEval/53"]
 

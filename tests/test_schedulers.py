@@ -8,16 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from relaxspec.errors import RelaxSpecError
-from relaxspec.proposers.base import Proposal
-from relaxspec.schedulers import ConfidenceSkip, Periodic, RawConfidence, SchedulerState, Strict
-from relaxspec.survival import (
+from relaxspec.engine.proposers.base import Proposal
+from relaxspec.engine.schedulers import ConfidenceSkip, Periodic, RawConfidence, SchedulerState, Strict
+from relaxspec.engine.survival import (
     SCALAR_FEATURES,
     ConditionalSurvival,
     MarginalSurvival,
     SurvivalConfig,
     SurvivalPredictor,
 )
+from relaxspec.errors import RelaxSpecError
 
 H = 4
 

@@ -19,8 +19,8 @@ import pytest
 
 from relaxspec.methods import ModelSet
 from relaxspec.models import load_model
-from relaxspec.server import BackgroundServer, ChatMessage, ChatTemplate, create_app
-from relaxspec.serving import ServingPool
+from relaxspec.serve.pool import ServingPool
+from relaxspec.serve.server import BackgroundServer, ChatMessage, ChatTemplate, create_app
 
 MODEL = "tiny"
 CONTEXT = 128  # save_tiny_pair's context window

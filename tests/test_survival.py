@@ -10,11 +10,8 @@ import math
 import pytest
 import torch
 
-from relaxspec.errors import RelaxSpecError
-from relaxspec.methods import ModelSet, build_engine
-from relaxspec.models import LoadedModel
-from relaxspec.sampling import SamplingParams
-from relaxspec.survival import (
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.survival import (
     SCALAR_FEATURES,
     SurvivalPredictor,
     auroc,
@@ -23,6 +20,9 @@ from relaxspec.survival import (
     permutation_test,
     survival_labels,
 )
+from relaxspec.errors import RelaxSpecError
+from relaxspec.methods import ModelSet, build_engine
+from relaxspec.models import LoadedModel
 from relaxspec.testing import perturbed_copy
 from relaxspec.train.diffusion import mark_drafter
 from relaxspec.train.survival import (
@@ -221,7 +221,7 @@ def tiny_dirs(tmp_path_factory, target, tokenizer):
 
 
 def test_collect_trajectories_records_verified_blocks(target, tokenizer, tiny_dirs):
-    from relaxspec.proposers.diffusion import load_diffusion
+    from relaxspec.engine.proposers.diffusion import load_diffusion
 
     models = ModelSet(target=target, diffusion=load_diffusion(tiny_dirs / "diffusion"))
     engine = build_engine("sdd", models, gamma=6, steps=2)
@@ -260,7 +260,7 @@ def test_train_survival_end_to_end(tiny_dirs, target, tokenizer):
 
 
 def test_survival_for_another_drafter_is_refused(tiny_dirs, target, tokenizer, fitted):
-    from relaxspec.proposers.diffusion import load_diffusion
+    from relaxspec.engine.proposers.diffusion import load_diffusion
 
     predictor, _, _ = fitted  # trained on hidden size 6; the tiny drafter has 32
     models = ModelSet(target=target, diffusion=load_diffusion(tiny_dirs / "diffusion"), survival=predictor)
@@ -270,8 +270,8 @@ def test_survival_for_another_drafter_is_refused(tiny_dirs, target, tokenizer, f
 
 
 def test_break_even_from_strict_stats():
-    from relaxspec.engine import GenerationStats
-    from relaxspec.survival import break_even_from_stats
+    from relaxspec.engine.loop import GenerationStats
+    from relaxspec.engine.survival import break_even_from_stats
 
     s = GenerationStats(new_tokens=25, cycles=10, verifier_calls=10, draft_seconds=10.0, verify_seconds=40.0)
     assert break_even_from_stats(s) == pytest.approx(0.5)  # c_d 1, c_v 4, τ 2.5

@@ -105,8 +105,8 @@ def generate(
     ] = False,
 ) -> None:
     """Generate a continuation of PROMPT, streaming text (or one JSON object with --json)."""
+    from relaxspec.core.sampling import SamplingParams
     from relaxspec.methods import build_engine, load_models, resolve_params
-    from relaxspec.sampling import SamplingParams
 
     params = SamplingParams(
         temperature=temperature,
@@ -162,7 +162,7 @@ def theory(
     delta_horizon: Annotated[float, typer.Option("--delta", help="coupling failure probability δ")] = 0.05,
 ) -> None:
     """NSD theory (DESIGN §3): R, ES, TV, acceptance for p and q, or along a model-pair generation."""
-    from relaxspec.theory_report import theory_for_distributions, theory_for_models
+    from relaxspec.eval.theory_report import theory_for_distributions, theory_for_models
 
     if prompt is not None:
         report = theory_for_models(
@@ -351,9 +351,9 @@ def train_diffusion_sweep_cmd(
     ] = True,
 ) -> None:
     """Strict-SDD (γ, S) sweep on training prompts vs AR in the same run; pick the operating point."""
+    from relaxspec.engine.proposers.diffusion import load_diffusion
+    from relaxspec.eval.sdd_sweep import sweep_operating_points, training_prompts
     from relaxspec.models import load_model
-    from relaxspec.proposers.diffusion import load_diffusion
-    from relaxspec.sdd import sweep_operating_points, training_prompts
 
     drafter_dir = _model_dir(diffusion, "diffusion")
     result = sweep_operating_points(
@@ -363,8 +363,11 @@ def train_diffusion_sweep_cmd(
         _int_list(steps, "steps"),
         training_prompts(corpus, n_math, n_code),
         max_new_tokens=max_new_tokens,
-        write_to=drafter_dir if write else None,
     )
+    if write:
+        from relaxspec.train.diffusion import record_sweep
+
+        record_sweep(drafter_dir, result)
     print(json.dumps(result["chosen"]))
 
 
@@ -528,7 +531,7 @@ def train_card_cmd(
     ] = None,
 ) -> None:
     """Record metrics measured after training (eval, bench) and rewrite the model's card."""
-    from relaxspec.train.cards import rewrite_card
+    from relaxspec.train.recard import rewrite_card
 
     values: dict[str, Any] = {}
     for path in metrics or []:
@@ -574,7 +577,14 @@ def bench_cmd(
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out."""
-    from relaxspec.bench import BenchConfig, parse_models, parse_peers, parse_seeds, run_bench, split_list
+    from relaxspec.eval.bench import (
+        BenchConfig,
+        parse_models,
+        parse_peers,
+        parse_seeds,
+        run_bench,
+        split_list,
+    )
 
     config = BenchConfig(
         methods=split_list(methods),
@@ -606,7 +616,7 @@ def report_cmd(
     html: Annotated[bool, typer.Option(help="also write an HTML version next to the Markdown")] = True,
 ) -> None:
     """Render a Markdown (and HTML) report with plots from one or more results directories."""
-    from relaxspec.report import render_report
+    from relaxspec.eval.report import render_report
 
     path = render_report(results, out or results[0] / "report.md", title=title, html=html)
     print(f"wrote {path}")
@@ -624,7 +634,7 @@ def reproduce_cmd(
     progress: bool = True,
 ) -> None:
     """Re-run the papers' headline comparisons at our scale and write docs/results.md."""
-    from relaxspec.reproduce import reproduce
+    from relaxspec.eval.reproduce import reproduce
 
     path = reproduce(
         out,
@@ -646,7 +656,7 @@ def eval_cmd(
     out: Path | None = None,
 ) -> None:
     """Math exact-match accuracy (greedy) and held-out code loss of one model, as JSON."""
-    from relaxspec.evaluate import evaluate_model
+    from relaxspec.eval.evaluate import evaluate_model
 
     report = evaluate_model(_model_dir(model, "target"), corpus, limit=limit, out=out)
     print(json.dumps(report, indent=1))
@@ -666,7 +676,7 @@ def latency_cmd(
     out: Path | None = None,
 ) -> None:
     """Forward latency (KV cache) of several models, interleaved in one run: ms per call and ratios."""
-    from relaxspec.evaluate import forward_latency, write_report
+    from relaxspec.eval.evaluate import forward_latency, write_report
 
     dirs = model or [_model_dir(None, "target"), _model_dir(None, "draft")]
     width_list = _int_list(widths, "widths")
@@ -726,8 +736,8 @@ def serve_cmd(
     import uvicorn
 
     from relaxspec.methods import resolve_params
-    from relaxspec.server import create_app, load_serving_models, serving_tokenizer_and_context
-    from relaxspec.serving import ServingPool
+    from relaxspec.serve.pool import ServingPool
+    from relaxspec.serve.server import create_app, load_serving_models, serving_tokenizer_and_context
 
     params = _method_params(
         k=k,
@@ -793,7 +803,7 @@ def loadtest_cmd(
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("results/loadtest.json"),
 ) -> None:
     """Throughput, p50/p99 latency and time to first token per concurrency level (and speedup vs ar)."""
-    from relaxspec.loadtest import LoadtestConfig, load_prompts, print_table, run_loadtest, write_report
+    from relaxspec.serve.loadtest import LoadtestConfig, load_prompts, print_table, run_loadtest, write_report
 
     spawn_args: list[str] = []
     for flag, path in (("--target", target), ("--draft", draft)):

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relaxspec.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
-from relaxspec.engine import Engine
+from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
+from relaxspec.engine.loop import Engine
+from relaxspec.engine.proposers.block import BlockProposer, trained_block_size
+from relaxspec.engine.proposers.diffusion import REVEAL_ORDERS, DiffusionProposer, load_diffusion
+from relaxspec.engine.proposers.draft_model import DraftModel
+from relaxspec.engine.schedulers import ConfidenceSkip, Periodic, RawConfidence, Scheduler, Signal, Strict
+from relaxspec.engine.survival import ConditionalSurvival, MarginalSurvival, SurvivalPredictor
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import LoadedModel, bundled, check_compatible, check_same_tokenizer, load_model
-from relaxspec.proposers.block import BlockProposer, trained_block_size
-from relaxspec.proposers.draft_model import DraftModel
-from relaxspec.schedulers import ConfidenceSkip
 
 MODEL_ROLES = ("target", "draft", "block", "diffusion", "survival")
 
@@ -63,7 +65,7 @@ METHODS: dict[str, MethodSpec] = {}
 
 
 def register(spec: MethodSpec) -> MethodSpec:
-    """Add a preset (proposer modules register theirs on import)."""
+    """Add a preset to the registry (users may register their own combinations too)."""
     METHODS[spec.name] = spec
     return spec
 
@@ -259,6 +261,182 @@ register(
     )
 )
 
+# --- Speculative diffusion decoding (VS paper; DESIGN §4): sdd, sdd-skip, sdd-periodic -------------
+#
+# All three draft with a DiffusionProposer (γ-token blocks in S denoising steps) and verify with
+# the target. ``accept`` picks the rule of ``sdd``: exact (lossless; greedy = argmax match),
+# lenience (ℓ), topk (accept_k) or nucleus (θ) — the VS paper's lenience and top-k baselines.
+# ``sdd-skip`` adds ConfidenceSkip: commit the longest prefix passing the local gate
+# min_{j≤k} conf_j ≥ τ and the signal's prefix gate (raw, marginal or conditional survival), only
+# with ≥ k_min tokens and an unverified run < s_max (paper defaults γ = 32, k_min = 6, s_max = 64).
+# ``sdd-periodic`` attempts a skip_k-token skip every period rounds (baseline). ``shadow=True``
+# audits skipped rounds with the target (excluded from timing and call counts). γ and S default
+# to the drafter's bundled operating point (``relaxspec train diffusion-sweep``).
+
+ACCEPT_RULES = ("exact", "lenience", "topk", "nucleus")
+SIGNALS = ("raw", "marginal", "conditional")
+
+BASE_PARAMS: dict[str, Any] = {
+    "gamma": None,  # None: the drafter's operating point
+    "steps": None,
+    "reveal": "auto",
+    "accept": "exact",
+    "ell": 0.5,
+    "accept_k": 2,
+    "theta": 0.95,
+    "shadow": False,
+}
+SKIP_PARAMS: dict[str, Any] = {
+    "signal": "raw",
+    "tau": 0.9,
+    "signal_tau": None,
+    "k_min": 6,
+    "s_max": 64,
+}
+PERIODIC_PARAMS: dict[str, Any] = {"period": 4, "skip_k": 6}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def sdd_rules(p: dict[str, Any]) -> tuple[Rule, Rule]:
+    """(sampling rule, greedy rule) for ``accept``; constructing them validates ℓ, k, θ."""
+    accept = p["accept"]
+    if accept == "exact":
+        return Exact(), Greedy()
+    if accept == "lenience":
+        return Lenience(p["ell"]), Lenience(p["ell"], greedy=True)
+    if accept == "topk":
+        return TopK(p["accept_k"]), TopK(p["accept_k"], greedy=True)
+    if accept == "nucleus":
+        return Nucleus(p["theta"]), Nucleus(p["theta"], greedy=True)
+    raise RelaxSpecError(f"accept must be one of {', '.join(ACCEPT_RULES)}, got {accept!r}")
+
+
+def _validate_base(p: dict[str, Any]) -> None:
+    gamma, steps = p["gamma"], p["steps"]
+    if gamma is not None and (not _is_int(gamma) or gamma < 1):
+        raise RelaxSpecError(f"gamma (diffusion block length) must be an integer >= 1, got {gamma!r}")
+    if steps is not None and (not _is_int(steps) or steps < 1 or (gamma is not None and steps > gamma)):
+        bound = f"[1, gamma={gamma}]" if gamma is not None else ">= 1"
+        raise RelaxSpecError(f"steps (denoising steps) must be an integer in {bound}, got {steps!r}")
+    if p["reveal"] not in REVEAL_ORDERS:
+        raise RelaxSpecError(f"reveal must be one of {', '.join(REVEAL_ORDERS)}, got {p['reveal']!r}")
+    if not isinstance(p["shadow"], bool):
+        raise RelaxSpecError(f"shadow must be true or false, got {p['shadow']!r}")
+    sdd_rules(p)
+
+
+def _check_k_min(k_min: Any, gamma: int | None) -> None:
+    if gamma is not None and _is_int(k_min) and k_min > gamma:
+        raise RelaxSpecError(f"k_min ({k_min}) cannot exceed gamma ({gamma}): no skip could ever qualify")
+
+
+def _validate_skip(p: dict[str, Any]) -> None:
+    _validate_base(p)
+    if p["signal"] not in SIGNALS:
+        raise RelaxSpecError(f"signal must be one of {', '.join(SIGNALS)}, got {p['signal']!r}")
+    _check_k_min(p["k_min"], p["gamma"])
+    if not _is_int(p["s_max"]):
+        raise RelaxSpecError(f"s_max must be an integer, got {p['s_max']!r}")
+    ConfidenceSkip(p["tau"], k_min=p["k_min"], s_max=p["s_max"], signal_tau=p["signal_tau"])
+
+
+def _validate_periodic(p: dict[str, Any]) -> None:
+    _validate_base(p)
+    if p["gamma"] is not None and _is_int(p["skip_k"]) and p["skip_k"] > p["gamma"]:
+        raise RelaxSpecError(f"skip_k ({p['skip_k']}) cannot exceed gamma ({p['gamma']})")
+    Periodic(p["period"], p["skip_k"])
+
+
+def make_signal(name: str, survival: SurvivalPredictor | None, method: str = "sdd-skip") -> Signal:
+    """The prefix-gate signal ``name``; learned signals need a trained survival predictor."""
+    if name == "raw":
+        return RawConfidence()
+    if survival is None:
+        raise RelaxSpecError(
+            f"signal {name!r} of method {method!r} needs a trained survival predictor: run "
+            "`relaxspec train survival` or pass --survival DIR"
+        )
+    return MarginalSurvival(survival) if name == "marginal" else ConditionalSurvival(survival)
+
+
+def build_sdd(models: ModelSet, p: dict[str, Any], scheduler: Scheduler, method: str = "sdd") -> Engine:
+    """An SDD engine: diffusion proposer, target verifier, ``accept`` rules, ``scheduler``."""
+    target, diffusion = models.require("target", method), models.require("diffusion", method)
+    check_compatible(target.model, diffusion.model, "diffusion drafter")
+    check_same_tokenizer(target.tokenizer, diffusion.tokenizer, "diffusion drafter")
+    proposer = DiffusionProposer(diffusion.model, p["gamma"], p["steps"], p["reveal"])
+    rule, greedy_rule = sdd_rules(p)
+    return Engine(
+        target.model,
+        target.tokenizer,
+        proposer=proposer,
+        rule=rule,
+        greedy_rule=greedy_rule,
+        scheduler=scheduler,
+        k=proposer.gamma,
+        shadow=target.model if p["shadow"] else None,
+    )
+
+
+def _build_skip(models: ModelSet, p: dict[str, Any]) -> Engine:
+    signal = make_signal(p["signal"], models.survival)
+    scheduler = ConfidenceSkip(
+        p["tau"], k_min=p["k_min"], s_max=p["s_max"], signal=signal, signal_tau=p["signal_tau"]
+    )
+    engine = build_sdd(models, p, scheduler, "sdd-skip")
+    _check_k_min(p["k_min"], engine.proposer.gamma)
+    if p["signal"] != "raw":
+        hidden = engine.proposer.lm.model.config.hidden_size
+        if models.survival.config.hidden_size != hidden:
+            raise RelaxSpecError(
+                f"the survival predictor was trained on drafter hidden states of size "
+                f"{models.survival.config.hidden_size}, this drafter has {hidden}"
+            )
+    return engine
+
+
+def _build_periodic(models: ModelSet, p: dict[str, Any]) -> Engine:
+    engine = build_sdd(models, p, Periodic(p["period"], p["skip_k"]), "sdd-periodic")
+    if p["skip_k"] > engine.proposer.gamma:
+        raise RelaxSpecError(f"skip_k ({p['skip_k']}) cannot exceed gamma ({engine.proposer.gamma})")
+    return engine
+
+
+register(
+    MethodSpec(
+        "sdd",
+        "Strict speculative diffusion decoding: diffusion-drafted blocks, every block verified",
+        ("target", "diffusion"),
+        dict(BASE_PARAMS),
+        lambda models, p: build_sdd(models, p, Strict()),
+        _validate_base,
+    )
+)
+register(
+    MethodSpec(
+        "sdd-skip",
+        "SDD with confidence-guided verifier skipping (signal raw | marginal | conditional)",
+        ("target", "diffusion"),
+        {**BASE_PARAMS, **SKIP_PARAMS},
+        _build_skip,
+        _validate_skip,
+        optional=("survival",),
+    )
+)
+register(
+    MethodSpec(
+        "sdd-periodic",
+        "SDD that commits skip_k draft tokens unverified every period rounds (baseline)",
+        ("target", "diffusion"),
+        {**BASE_PARAMS, **PERIODIC_PARAMS},
+        _build_periodic,
+        _validate_periodic,
+    )
+)
+
 
 def method_names() -> list[str]:
     return list(METHODS)
@@ -293,11 +471,13 @@ def build_engine(
     return get_method(method).build(models, resolved)
 
 
-# How a model of each role is loaded from a directory (proposer modules add their own roles).
+# How a model of each role is loaded from a directory.
 ROLE_LOADERS: dict[str, Callable[[Path], Any]] = {
     "target": load_model,
     "draft": load_model,
     "block": load_model,
+    "diffusion": load_diffusion,
+    "survival": SurvivalPredictor.load,
 }
 
 
@@ -320,7 +500,3 @@ def load_models(method: str, paths: dict[str, str | Path | None] | None = None) 
         if path is not None:
             setattr(models, role, ROLE_LOADERS[role](Path(path)))
     return models
-
-
-# Presets defined in their own modules register themselves on import.
-from relaxspec import sdd as _sdd  # noqa: E402, F401

@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from relaxspec.sampling import processed_probs
+from relaxspec.core.sampling import processed_probs
 from relaxspec.train.tokenizer import EOS, MASK, PAD
 
 

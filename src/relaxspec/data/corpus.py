@@ -11,7 +11,7 @@
 - ``manifest.json`` — Python version, counts, held-out module list, characters per source.
 
 Token counts and the mixing ratio are recorded by the training code once a tokenizer exists
-(see :mod:`relaxspec.train.tokens`).
+(see :mod:`relaxspec.data.tokens`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``relaxspec train ar``: Llama-style causal LMs (the bundled ``target`` and ``draft``).
 
 A model preset is a ``LlamaConfig`` shape plus a training recipe. Training samples packed windows
-from the corpus mixture (:class:`~relaxspec.train.tokens.TokenMixture`), evaluates the per-token
+from the corpus mixture (:class:`~relaxspec.data.tokens.TokenMixture`), evaluates the per-token
 loss on the held-out code modules and math problems, and exports the final weights in bf16
 safetensors with the tokenizer, loadable by ``AutoModelForCausalLM.from_pretrained``.
 """
@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from relaxspec.data.tokens import training_data
 from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.evaluate import heldout_losses
+from relaxspec.train.cards import write_card
 from relaxspec.train.loop import TrainConfig, TrainState, finished_run_record, make_config, train
 from relaxspec.train.tokenizer import load_tokenizer
-from relaxspec.train.tokens import training_data
 
 
 @dataclass
@@ -86,22 +88,6 @@ def causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
 
 
 @torch.no_grad()
-def heldout_losses(
-    model: torch.nn.Module, windows: dict[str, torch.Tensor], batch_size: int = 8
-) -> dict[str, float]:
-    """Per-token loss of ``model`` on fixed held-out windows, one figure per source."""
-    out = {}
-    for name, ids in windows.items():
-        total, count = 0.0, 0
-        for i in range(0, len(ids), batch_size):
-            chunk = ids[i : i + batch_size].to(model.device)
-            loss = model(input_ids=chunk, labels=chunk).loss
-            total += loss.item() * chunk.numel()
-            count += chunk.numel()
-        out[f"{name}_loss"] = total / max(count, 1)
-    return out
-
-
 def export_model(
     model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, extra: dict | None = None
 ) -> Path:
@@ -134,7 +120,6 @@ AR_CARD_SUMMARY = {
 
 def write_model_card(model_dir: str | Path, metrics: dict | None = None) -> Path:
     """(Re)write the ``README.md`` of an AR export from its ``training.json``, merging ``metrics``."""
-    from relaxspec.train.cards import write_card
 
     record_path = Path(model_dir) / "training.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}

@@ -42,13 +42,14 @@ import torch.nn.functional as F
 from accelerate.utils import extract_model_from_parallel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from relaxspec.data.tokens import training_data
+from relaxspec.engine.proposers.block import BLOCK_SIZE_ATTR, MASK_ID_ATTR, mask_token_id_of
 from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.evaluate import heldout_losses
 from relaxspec.models import load_model
-from relaxspec.proposers.block import BLOCK_SIZE_ATTR, MASK_ID_ATTR, mask_token_id_of
-from relaxspec.train.ar import MIXTURE, export_model, heldout_losses
+from relaxspec.train.ar import MIXTURE, export_model
 from relaxspec.train.cards import write_card
 from relaxspec.train.loop import TrainState, make_config, train
-from relaxspec.train.tokens import training_data
 
 # Fine-tuning recipe (TrainConfig overrides): a lower peak LR than pretraining, short warmup.
 # 800 steps x 8 windows x 256 tokens (1.6M window tokens, each fed twice) is sized for roughly

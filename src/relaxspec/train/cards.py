@@ -93,24 +93,6 @@ def record_metrics(
     return record
 
 
-def rewrite_card(
-    model_dir: str | Path, metrics: dict[str, Any] | None = None, commands: list[str] | None = None
-) -> Path:
-    """Record ``metrics`` and rewrite the card with the writer of the model's kind (AR, block, diffusion)."""
-    d = Path(model_dir)
-    if not (d / "config.json").is_file():
-        raise RelaxSpecError(f"{d} is not a model directory (no config.json)")
-    record_metrics(d, metrics, commands)
-    config = json.loads((d / "config.json").read_text())
-    if "mars_block_size" in config:
-        from relaxspec.train.block import write_model_card
-    elif "diffusion_format" in config:
-        from relaxspec.train.diffusion import write_card as write_model_card
-    else:
-        from relaxspec.train.ar import write_model_card
-    return write_model_card(d)
-
-
 def write_card(
     model_dir: str | Path,
     title: str,

@@ -8,12 +8,12 @@ before the block) is never masked.
 Layout (block-diffusion style, vectorised): every training window ``x[0..T)`` is cut into T/γ
 blocks and each block is one diffusion problem conditioned on the clean tokens before it. The model
 reads ``[clean x | noisy x]`` (2T tokens, explicit position ids ``0..T-1`` twice) under the mask of
-:func:`relaxspec.proposers.diffusion.attention_bias`: clean tokens are causal; a noisy block slot
+:func:`relaxspec.engine.proposers.diffusion.attention_bias`: clean tokens are causal; a noisy block slot
 sees the clean tokens *before its block* and every slot of its own block. This is exactly what the
 drafter sees at inference (cached causal context + one bidirectional block), so one forward trains
 all T/γ blocks at once.
 
-Predictions use the logit shift of :mod:`relaxspec.proposers.diffusion`: the first token of a block
+Predictions use the logit shift of :mod:`relaxspec.engine.proposers.diffusion`: the first token of a block
 comes from the clean causal hidden state before it (trained by the AR term, weight ``ar_weight``),
 token j ≥ 2 of a block from noisy slot j − 1 (the diffusion term).
 
@@ -35,9 +35,8 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from relaxspec.errors import RelaxSpecError
-from relaxspec.models import bundled, check_same_tokenizer, load_model
-from relaxspec.proposers.diffusion import (
+from relaxspec.data.tokens import training_data
+from relaxspec.engine.proposers.diffusion import (
     CFG_BLOCK,
     CFG_FORMAT,
     CFG_GAMMA,
@@ -47,12 +46,13 @@ from relaxspec.proposers.diffusion import (
     NOT_A_BLOCK,
     attention_bias,
 )
+from relaxspec.errors import RelaxSpecError
+from relaxspec.models import bundled, check_same_tokenizer, load_model
 from relaxspec.train.ar import MIXTURE, PRESETS, export_model, llama_config
 from relaxspec.train.cards import fmt, table
 from relaxspec.train.cards import write_card as write_model_card
 from relaxspec.train.loop import TrainState, make_config, train
 from relaxspec.train.tokenizer import load_tokenizer
-from relaxspec.train.tokens import training_data
 
 INITS = ("target", "draft", "scratch")
 
@@ -368,7 +368,7 @@ DIFFUSION_CARD_SUMMARY = (
     "Block-diffusion drafter for speculative diffusion decoding (DESIGN §4-5): a Llama stack with a "
     "causal, cached context and one bidirectional block of γ `<|mask|>` slots; LLaDA/MDLM loss "
     "(t ~ U(ε,1) per block, CE on masked positions weighted 1/t) plus a next-token term for the first "
-    "block token. Load with `relaxspec.proposers.diffusion.load_diffusion`."
+    "block token. Load with `relaxspec.engine.proposers.diffusion.load_diffusion`."
 )
 
 
@@ -393,6 +393,18 @@ def _sweep_lines(sweep: dict | None) -> list[str]:
         "",
         f"Chosen: γ = {chosen.get('gamma')}, S = {chosen.get('steps')} ({sweep.get('criterion', '')}).",
     ]
+
+
+def record_sweep(model_dir: str | Path, result: dict) -> None:
+    """Store a (γ, S) sweep (:func:`relaxspec.eval.sdd_sweep.sweep_operating_points`) as the
+    drafter's operating point: ``sweep.json``, the presets' defaults in its config.json, its card."""
+    out = Path(model_dir)
+    (out / "sweep.json").write_text(json.dumps(result, indent=1))
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg[CFG_GAMMA], cfg[CFG_STEPS] = result["chosen"]["gamma"], result["chosen"]["steps"]
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    write_card(out)
 
 
 def write_card(model_dir: str | Path) -> Path:

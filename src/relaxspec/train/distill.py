@@ -35,11 +35,12 @@ from transformers import PreTrainedTokenizerBase
 
 from relaxspec.data.corpus import read_jsonl
 from relaxspec.data.mathgen import generate_problem
+from relaxspec.data.tokens import training_data
 from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.evaluate import heldout_losses
 from relaxspec.models import load_model
-from relaxspec.train.ar import export_model, heldout_losses
+from relaxspec.train.ar import export_model
 from relaxspec.train.loop import TrainState, finished_run_record, make_config, train
-from relaxspec.train.tokens import training_data
 
 HELDOUT_EVERY = 20  # every 20th distillation row is held out for the agreement metric
 

@@ -1,7 +1,7 @@
 """``relaxspec train survival``: learned survival signals from Strict-SDD trajectories (VS App. A.7).
 
 1. :func:`collect_trajectories` runs Strict SDD (greedy, the paper's setting) on *training* prompts
-   (math training seeds and code training modules, :func:`relaxspec.sdd.training_prompts`) and
+   (math training seeds and code training modules, :func:`relaxspec.eval.sdd_sweep.training_prompts`) and
    records, per verified block, the per-position drafter features and the strict accepted length L.
 2. :func:`fit_predictor` trains the marginal (``1{L ≥ j}`` on every drafted position) and the
    conditional (``1{L ≥ j}`` on positions with ``L ≥ j − 1``) MLPs with BCE through the shared
@@ -23,10 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from relaxspec.engine import CycleRecord, Engine
-from relaxspec.errors import RelaxSpecError
-from relaxspec.sampling import SamplingParams
-from relaxspec.survival import (
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.loop import CycleRecord, Engine
+from relaxspec.engine.survival import (
     KINDS,
     SurvivalConfig,
     SurvivalMLP,
@@ -36,6 +35,7 @@ from relaxspec.survival import (
     block_inputs,
     survival_labels,
 )
+from relaxspec.errors import RelaxSpecError
 from relaxspec.train.loop import TrainConfig, train
 
 
@@ -329,10 +329,10 @@ def train_survival(
     command: str | None = None,
 ) -> dict:
     """Collect trajectories (cached in ``run_dir``), fit, evaluate and export a survival model."""
+    from relaxspec.engine.proposers.diffusion import load_diffusion
+    from relaxspec.eval.sdd_sweep import STOP, training_prompts
     from relaxspec.methods import ModelSet, build_engine
     from relaxspec.models import load_model
-    from relaxspec.proposers.diffusion import load_diffusion
-    from relaxspec.sdd import STOP, training_prompts
 
     run = run or SurvivalRun()
     run_path = Path(run_dir)

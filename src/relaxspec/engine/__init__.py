@@ -1,0 +1,7 @@
+"""The decoding engine: KV caches, the verifier pass, proposers, schedulers, decode-time survival
+signals, request batching, and the one loop propose → schedule → verify → rule → commit (DESIGN §4).
+It builds on :mod:`relaxspec.core` (the rules) and loads no model by itself."""
+
+from relaxspec.engine.loop import CycleRecord, Engine, GenerationResult, GenerationStats
+
+__all__ = ["CycleRecord", "Engine", "GenerationResult", "GenerationStats"]

@@ -1,0 +1,113 @@
+"""A causal LM together with its KV cache, rolled back exactly to the committed length.
+
+Every model the engine runs (verifier, draft model, block proposer) is a :class:`CachedLM`. Its
+cache holds the keys/values of the first ``length`` committed tokens. A call feeds the committed
+tokens the cache has not seen yet plus any speculative tokens, in one forward pass; after the cycle
+:meth:`CachedLM.rollback` crops the cache back to the tokens that were committed, so no KV of a
+rejected (or placeholder) token ever survives a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from relaxspec.core.sampling import check_finite
+from relaxspec.errors import RelaxSpecError
+
+
+class CachedLM:
+    """``model`` plus a ``DynamicCache`` over the first ``length`` tokens of one sequence."""
+
+    def __init__(self, model: PreTrainedModel, name: str = "model") -> None:
+        self.model = model
+        self.name = name
+        self.calls = 0  # forward passes since construction (for stats)
+        self.cache = DynamicCache(config=model.config)
+        self.length = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    def reset(self) -> None:
+        """Forget the sequence (a new generation starts)."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        """Feed ``tokens[1, T]`` at positions ``length .. length+T-1``; return logits.
+
+        Returns ``FloatTensor[1, T', V]`` where ``T' = logits_to_keep`` (the last positions only,
+        saving the LM head on the rest) or ``T`` if it is 0. The cache grows by ``T``.
+        """
+        n_new = tokens.shape[1]
+        self._check_room(n_new)
+        out = self.model(
+            input_ids=tokens.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
+        )
+        self.calls += 1
+        self.length += n_new
+        logits = out.logits.float()
+        check_finite(logits, f"the {self.name}")
+        return logits
+
+    def _check_room(self, n_new: int) -> None:
+        if self.length + n_new > self.context_length:
+            raise RelaxSpecError(
+                f"sequence of {self.length + n_new} tokens exceeds the {self.name}'s context window "
+                f"of {self.context_length}"
+            )
+
+    def feed_committed(
+        self, ids: torch.Tensor, extra: torch.Tensor | None = None, logits_to_keep: int = 1
+    ) -> torch.Tensor:
+        """Feed the committed tokens ``ids[1, n]`` not yet cached, then ``extra[1, E]``, in one pass.
+
+        Returns the logits of the last ``logits_to_keep`` fed positions. At least one token is
+        always fed (the last committed token is re-fed if the cache already holds everything),
+        so the caller always gets the next-token distribution after ``ids``.
+        """
+        if self.length >= ids.shape[1]:
+            self.rollback(ids.shape[1] - 1)
+        pieces = [ids[:, self.length :]]
+        if extra is not None and extra.shape[1] > 0:
+            pieces.append(extra)
+        return self.forward(torch.cat(pieces, dim=1), logits_to_keep=logits_to_keep)
+
+    def rollback(self, length: int) -> None:
+        """Crop the cache to its first ``length`` tokens (a no-op if it holds fewer)."""
+        if length < self.length:
+            self.cache.crop(length - self.length)  # transformers 5: negative = tokens to remove
+            self.length = length
+
+
+# Who builds the CachedLMs of engines constructed in this context: the default is one private
+# cache per model; the server's batcher substitutes rows of a shared, batched cache.
+LMFactory = Callable[[PreTrainedModel, str], CachedLM]
+_FACTORY: ContextVar[LMFactory | None] = ContextVar("relaxspec_lm_factory", default=None)
+
+
+def make_lm(model: PreTrainedModel, name: str = "model") -> CachedLM:
+    """A :class:`CachedLM` for ``model`` (or what the active :func:`lm_factory` makes)."""
+    factory = _FACTORY.get()
+    return CachedLM(model, name) if factory is None else factory(model, name)
+
+
+@contextmanager
+def lm_factory(factory: LMFactory) -> Iterator[None]:
+    """Engines constructed inside this block get their CachedLMs from ``factory``."""
+    token = _FACTORY.set(factory)
+    try:
+        yield
+    finally:
+        _FACTORY.reset(token)

@@ -1,0 +1,506 @@
+"""The decode loop: propose → schedule → verify → rule → commit, one cycle at a time.
+
+Every method is this one loop with different parts (DESIGN §4):
+
+- AR decoding: no proposer; each cycle verifies an empty draft and emits the bonus token.
+- Speculative decoding (SD, NSD, top-k, typical, lenience): a :class:`DraftModel` proposer and an
+  acceptance rule from :mod:`relaxspec.core.acceptance`.
+- Verifier skipping: a scheduler that sometimes commits a draft prefix without verification.
+
+The committed sequence ``ids[1, n]`` is the only source of truth. Each model keeps a KV cache of a
+prefix of it and, after every commit, is rolled back to the part of its cache that matches the
+committed tokens (see :mod:`relaxspec.engine.kv`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.proposers.base import Proposal, Proposer
+from relaxspec.engine.schedulers import Scheduler, SchedulerState, Strict
+from relaxspec.engine.verifier import Verifier
+from relaxspec.errors import RelaxSpecError
+
+ChunkCallback = Callable[[str, list[int]], None]  # (new text, new token ids) per committed chunk
+
+
+@dataclass
+class CycleRecord:
+    """What happened in one cycle, for diagnostics (``Engine.generate(on_cycle=...)``).
+
+    position: committed length n before the cycle; proposal: the draft (None for an AR step);
+    skipped: tokens committed without verification (0 = verified); target_probs: ``p_1..p_{K+1}``
+    ``[1, K+1, V]`` when verified; verdict: the rule's decision (None for AR and skipped rounds);
+    chunk: the tokens committed (before EOS / budget / stop-string cuts); strict_accepted: on a
+    skipped round audited by a shadow verifier, the prefix length ``L_b`` the rule would have
+    accepted from the same draft (else None).
+    """
+
+    position: int
+    proposal: Proposal | None
+    skipped: int
+    target_probs: torch.Tensor | None
+    verdict: Verdict | None
+    chunk: list[int]
+    strict_accepted: int | None = None
+
+
+CycleCallback = Callable[[CycleRecord], None]
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation (or, merged, of a benchmark cell).
+
+    ``position_proposed[i]`` / ``position_accepted[i]``: how often draft position i+1 was verified
+    and how often it was accepted (vLLM's per-position acceptance). ``accepted_by_relaxation``:
+    accepted draft tokens beyond the prefix the ``Exact`` rule would have accepted under the same
+    uniforms (greedy rules: beyond the argmax-matching prefix) — the tokens a relaxed rule gains.
+
+    Shadow audit of skipped rounds (VS paper §3; ``Engine(shadow=...)``): ``shadow_rounds`` skipped
+    rounds audited, ``shadow_agreed_tokens`` = Σ min(K_b, L_b) and ``shadow_full_prefix`` = #{L_b ≥ K_b}
+    over them (K_b committed unverified, L_b what strict verification accepts). ``shadow_seconds``
+    is excluded from ``total_seconds`` and the shadow's calls from ``verifier_calls``.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    cycles: int = 0
+    verifier_calls: int = 0
+    draft_calls: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_relaxation: int = 0
+    skipped_rounds: int = 0
+    skipped_tokens: int = 0
+    shadow_rounds: int = 0
+    shadow_agreed_tokens: int = 0
+    shadow_full_prefix: int = 0
+    position_proposed: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+    shadow_seconds: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per verifier call (DESIGN §1).
+
+        A method without a verifier (``mars``) reports tokens committed per cycle instead, the
+        same "tokens per expensive forward" (its one forward per cycle is the proposer's).
+        """
+        if self.verifier_calls:
+            return self.new_tokens / self.verifier_calls
+        return self.new_tokens / self.cycles if self.cycles else float(self.new_tokens)
+
+    @property
+    def other_seconds(self) -> float:
+        return max(0.0, self.total_seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def strict_agreement(self) -> float | None:
+        """Share of committed draft tokens strict verification accepts (None: unaudited skips)."""
+        if self.shadow_rounds < self.skipped_rounds:
+            return None
+        committed = self.accepted_tokens + self.skipped_tokens
+        return (self.accepted_tokens + self.shadow_agreed_tokens) / committed if committed else 1.0
+
+    @property
+    def full_prefix_acceptance(self) -> float | None:
+        """Share of rounds whose whole committed prefix strict verification accepts (None: unaudited)."""
+        if self.shadow_rounds < self.skipped_rounds:
+            return None
+        verified = self.cycles - self.skipped_rounds
+        return (verified + self.shadow_full_prefix) / self.cycles if self.cycles else 1.0
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        return [
+            a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed, strict=True)
+        ]
+
+    def record_positions(self, proposed: int, accepted: int) -> None:
+        grow = proposed - len(self.position_proposed)
+        if grow > 0:
+            self.position_proposed += [0] * grow
+            self.position_accepted += [0] * grow
+        for i in range(proposed):
+            self.position_proposed[i] += 1
+        for i in range(accepted):
+            self.position_accepted[i] += 1
+
+    def merge(self, other: GenerationStats) -> GenerationStats:
+        """Sum of two stats (per-position lists added element-wise)."""
+        out = GenerationStats()
+        for name in (
+            "prompt_tokens",
+            "new_tokens",
+            "cycles",
+            "verifier_calls",
+            "draft_calls",
+            "proposed_tokens",
+            "accepted_tokens",
+            "accepted_by_relaxation",
+            "skipped_rounds",
+            "skipped_tokens",
+            "shadow_rounds",
+            "shadow_agreed_tokens",
+            "shadow_full_prefix",
+            "draft_seconds",
+            "verify_seconds",
+            "total_seconds",
+            "shadow_seconds",
+        ):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        n = max(len(self.position_proposed), len(other.position_proposed))
+        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+        out.position_proposed = [
+            a + b for a, b in zip(pad(self.position_proposed), pad(other.position_proposed), strict=True)
+        ]
+        out.position_accepted = [
+            a + b for a, b in zip(pad(self.position_accepted), pad(other.position_accepted), strict=True)
+        ]
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            tau=self.tau,
+            other_seconds=self.other_seconds,
+            position_acceptance=self.position_acceptance,
+            strict_agreement=self.strict_agreement,
+            full_prefix_acceptance=self.full_prefix_acceptance,
+        )
+        return d
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]  # generated token ids (no prompt, no EOS)
+    stats: GenerationStats
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class _TextTracker:
+    """Incremental detokenisation with stop strings and safe streaming.
+
+    Holds back text that may still change: an incomplete UTF-8 character (decoded as U+FFFD) and
+    a tail that could be the start of a stop string.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = list(stop)
+        self.tokens: list[int] = []
+        self.emitted = 0  # characters already streamed
+        self.text = ""
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _stop_at(self, text: str) -> int:
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return min(hits) if hits else -1
+
+    def add(self, chunk: list[int]) -> tuple[list[int], bool]:
+        """Append tokens; return the ones kept (cut after a stop string) and whether one was hit."""
+        text = self._decode(self.tokens + chunk)
+        if self.stop and self._stop_at(text) >= 0:
+            # keep tokens up to the first one that completes the stop string
+            for j in range(1, len(chunk) + 1):
+                if self._stop_at(self._decode(self.tokens + chunk[:j])) >= 0:
+                    chunk = chunk[:j]
+                    break
+            self.tokens += chunk
+            self.text = text[: self._stop_at(text)]
+            return chunk, True
+        self.tokens += chunk
+        self.text = text
+        return chunk, False
+
+    def delta(self, final: bool) -> str:
+        """Text not streamed yet that can no longer change."""
+        safe = len(self.text)
+        if not final:
+            safe = len(self.text.rstrip("\ufffd"))
+            for s in self.stop:  # hold back a suffix that is a proper prefix of a stop string
+                for L in range(min(len(s) - 1, safe), 0, -1):
+                    if self.text[safe - L : safe] == s[:L]:
+                        safe = min(safe, safe - L)
+                        break
+        out = self.text[self.emitted : safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        return out
+
+
+@dataclass
+class _Run:
+    """Per-generation state of :meth:`Engine.generate` (the engine itself holds none)."""
+
+    params: SamplingParams
+    rule: Rule | None
+    generator: torch.Generator
+    shadow_generator: torch.Generator
+    stats: GenerationStats
+    state: SchedulerState = field(default_factory=SchedulerState)
+
+
+class Engine:
+    """Compose a proposer, an acceptance rule and a scheduler around a verifier model.
+
+    ``rule`` is used when the request samples (temperature > 0) and ``greedy_rule`` when it is
+    greedy (temperature 0); with no proposer the engine decodes autoregressively. ``shadow`` (a
+    model, normally the target) audits skipped rounds: it computes the prefix the rule would have
+    accepted (stats ``shadow_*``, ``CycleRecord.strict_accepted``) without affecting the output,
+    the timings or the verifier call count.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        proposer: Proposer | None = None,
+        rule: Rule | None = None,
+        greedy_rule: Rule | None = None,
+        scheduler: Scheduler | None = None,
+        k: int = 8,
+        eos_token_ids: Sequence[int] | None = None,
+        shadow: PreTrainedModel | None = None,
+    ) -> None:
+        if not isinstance(k, int) or k < 1:
+            raise RelaxSpecError(f"k (draft length) must be an integer >= 1, got {k!r}")
+        if proposer is not None and rule is None and greedy_rule is None:
+            raise RelaxSpecError("a proposer needs an acceptance rule (rule= and/or greedy_rule=)")
+        self.verifier = Verifier(target)
+        self.tokenizer = tokenizer
+        self.proposer = proposer
+        self.rule = rule
+        self.greedy_rule = greedy_rule if greedy_rule is not None else (Greedy() if rule is None else None)
+        self.scheduler = scheduler or Strict()
+        self.k = k
+        self.shadow = Verifier(shadow, name="shadow verifier") if shadow is not None else None
+        if eos_token_ids is None:
+            eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+            eos_token_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.eos_token_ids = set(eos_token_ids)
+
+    def _extra_token(self, rule: Rule | None) -> int:
+        """1 if a cycle may emit a token beyond the draft (recovered or bonus), else 0."""
+        if isinstance(rule, Gate) or getattr(self.scheduler, "commit_first", False):
+            return 0
+        return 1
+
+    def _rule_for(self, params: SamplingParams) -> Rule:
+        rule = self.greedy_rule if params.greedy else self.rule
+        if rule is None:
+            mode = "greedy (temperature 0)" if params.greedy else "sampling (temperature > 0)"
+            raise RelaxSpecError(f"this method has no acceptance rule for {mode} decoding")
+        return rule
+
+    def encode(self, prompt: str | Sequence[int]) -> torch.Tensor:
+        """Prompt text or token ids -> ``LongTensor[1, n]``, validated against the context."""
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise RelaxSpecError("the prompt is empty")
+            ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        else:
+            ids = torch.tensor([list(prompt)], dtype=torch.long)
+            if ids.numel() == 0:
+                raise RelaxSpecError("the prompt is empty")
+            vocab = self.verifier.lm.model.get_output_embeddings().weight.shape[0]
+            if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+                raise RelaxSpecError(f"prompt token ids must be in [0, {vocab})")
+        context = self.context_length
+        if ids.shape[1] >= context:
+            raise RelaxSpecError(
+                f"the prompt has {ids.shape[1]} tokens but the model's context window is "
+                f"{context}; shorten it"
+            )
+        return ids
+
+    @property
+    def context_length(self) -> int:
+        lengths = [self.verifier.context_length]
+        lm = getattr(self.proposer, "lm", None)
+        if lm is not None:
+            lengths.append(lm.context_length)
+        return min(lengths)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        on_chunk: ChunkCallback | None = None,
+        on_cycle: CycleCallback | None = None,
+    ) -> GenerationResult:
+        """Generate a continuation of ``prompt``.
+
+        ``on_chunk(text, token_ids)`` streams each committed chunk; ``on_cycle(record)`` receives
+        a :class:`CycleRecord` per cycle (diagnostics; its cost counts as "other" time).
+        """
+        params = params or SamplingParams()
+        rule = self._rule_for(params) if self.proposer is not None else None
+        ids = self.encode(prompt)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        run = _Run(
+            params=params,
+            rule=rule,
+            generator=torch.Generator(device="cpu").manual_seed(seed),
+            shadow_generator=torch.Generator(device="cpu").manual_seed(seed ^ 0x5AD0),
+            stats=GenerationStats(prompt_tokens=ids.shape[1]),
+        )
+        text = _TextTracker(self.tokenizer, params.stop)
+        budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
+        calls_before = (self.verifier.calls, self.proposer.calls if self.proposer is not None else 0)
+
+        started = _now(self.device)
+        for part in (self.verifier, self.shadow, self.proposer):
+            if part is not None:
+                part.start(ids)
+        finish, generated = "length", 0
+        while generated < budget:
+            remaining = budget - generated
+            # A verified cycle can emit k + 1 tokens (recovered/bonus); Gate and always-commit
+            # schedulers (MARS) emit at most k, so the last token of the budget is drafted too.
+            k = min(self.k, remaining - self._extra_token(rule)) if self.proposer is not None else 0
+            record = self._cycle(ids, k, run)
+            run.state.rounds += 1
+            run.stats.cycles += 1
+            if on_cycle is not None:
+                on_cycle(record)
+            chunk, finish = self._cut(record.chunk, remaining, params, text)
+            ids = torch.cat([ids, torch.tensor([chunk], dtype=torch.long)], dim=1)
+            generated += len(chunk)
+            if on_chunk is not None and chunk:
+                on_chunk(text.delta(final=finish != "length"), chunk)
+            if finish != "length":
+                break
+            # Roll every cache back to the committed tokens it may keep (all but the last).
+            self.verifier.rollback(ids.shape[1] - 1)
+            if self.proposer is not None:
+                self.proposer.rollback(ids.shape[1] - 1)
+
+        stats = run.stats
+        stats.total_seconds = _now(self.device) - started - stats.shadow_seconds
+        stats.new_tokens = generated
+        stats.verifier_calls = self.verifier.calls - calls_before[0]
+        stats.draft_calls = self.proposer.calls - calls_before[1] if self.proposer is not None else 0
+        stats.finish_reason = finish
+        if on_chunk is not None:
+            tail = text.delta(final=True)
+            if tail:
+                on_chunk(tail, [])
+        return GenerationResult(text=text.text, tokens=text.tokens, stats=stats)
+
+    @property
+    def device(self) -> torch.device:
+        return self.verifier.lm.device
+
+    def _cycle(self, ids: torch.Tensor, k: int, run: _Run) -> CycleRecord:
+        """One propose → schedule → verify → rule cycle on committed ``ids[1, n]``.
+
+        Returns what the cycle decided to commit (before EOS / budget / stop-string cuts).
+        """
+        stats, n = run.stats, ids.shape[1]
+        if k == 0:  # plain AR step: the "bonus" token of an empty draft
+            target_probs = self._score(ids, torch.empty((1, 0), dtype=torch.long), run)
+            run.state.unverified_run = 0
+            return CycleRecord(n, None, 0, target_probs, None, [_ar_token(target_probs[0, 0], run)])
+        assert self.proposer is not None and run.rule is not None
+        t0 = _now(self.device)
+        proposal = self.proposer.propose(ids, k, run.params, run.generator)
+        stats.draft_seconds += _now(self.device) - t0
+
+        skip = min(self.scheduler.skip_length(proposal, run.state), proposal.k)
+        if skip > 0:  # commit a prefix without calling the verifier
+            stats.skipped_rounds += 1
+            stats.skipped_tokens += skip
+            run.state.unverified_run += skip
+            strict = self._audit(ids, proposal, skip, run) if self.shadow is not None else None
+            return CycleRecord(n, proposal, skip, None, None, proposal.tokens[0, :skip].tolist(), strict)
+
+        target_probs = self._score(ids, proposal.tokens, run)
+        verdict = verify(
+            run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
+        )
+        accepted = int(verdict.accepted[0])
+        chunk = proposal.tokens[0, :accepted].tolist()
+        if int(verdict.next_token[0]) >= 0:
+            chunk.append(int(verdict.next_token[0]))
+        stats.proposed_tokens += k
+        stats.accepted_tokens += accepted
+        if verdict.exact_accepted is not None:
+            stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
+        stats.record_positions(k, accepted)
+        run.state.unverified_run = 0
+        return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
+
+    def _score(self, ids: torch.Tensor, draft: torch.Tensor, run: _Run) -> torch.Tensor:
+        """The verifier pass (timed): processed target laws ``[1, K+1, V]``."""
+        t0 = _now(self.device)
+        target_probs = self.verifier.score(ids, draft, run.params)
+        run.stats.verify_seconds += _now(self.device) - t0
+        return target_probs
+
+    def _cut(
+        self, chunk: list[int], remaining: int, params: SamplingParams, text: _TextTracker
+    ) -> tuple[list[int], str]:
+        """Cut a chunk at EOS, the token budget and stop strings; return it and the finish reason."""
+        finish = "length"
+        for j, token in enumerate(chunk):
+            if token in self.eos_token_ids and not params.ignore_eos:
+                chunk, finish = chunk[:j], "eos"
+                break
+        chunk, hit_stop = text.add(chunk[:remaining])
+        return chunk, "stop" if hit_stop else finish
+
+    def _audit(self, ids: torch.Tensor, proposal: Proposal, skip: int, run: _Run) -> int:
+        """Shadow verification of a skipped round: the prefix length ``L_b`` the rule accepts.
+
+        Uses its own cache and generator and is excluded from the timings, so the audited
+        generation and its measurements are unchanged.
+        """
+        assert self.shadow is not None and run.rule is not None
+        t0 = _now(self.device)
+        target_probs = self.shadow.score(ids, proposal.tokens, run.params)
+        self.shadow.rollback(ids.shape[1])
+        verdict = verify(
+            run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.shadow_generator
+        )
+        strict = int(verdict.accepted[0])
+        stats = run.stats
+        stats.shadow_seconds += _now(self.device) - t0
+        stats.shadow_rounds += 1
+        stats.shadow_agreed_tokens += min(skip, strict)
+        stats.shadow_full_prefix += int(strict >= skip)
+        return strict
+
+
+def _draft_probs(rule: Rule, proposal: Proposal) -> torch.Tensor | None:
+    """What :func:`verify` needs of the proposal: ``q[1, K, V]``, ``q(d)[1, K]`` (Gate) or None."""
+    if not rule.needs_draft_probs:
+        return None
+    return proposal.probs if rule.needs_full_draft_probs else proposal.confidence
+
+
+def _ar_token(p: torch.Tensor, run: _Run) -> int:
+    """Plain AR: argmax (greedy) or one draw from the processed target law ``p[V]``."""
+    if run.params.greedy:
+        return int(p.argmax())
+    return int(torch.multinomial(p, 1, generator=run.generator))

@@ -1,0 +1,6 @@
+"""Proposers: draft models, block proposers (MARS), diffusion drafters (DESIGN §4)."""
+
+from relaxspec.engine.proposers.base import Proposal, Proposer
+from relaxspec.engine.proposers.draft_model import DraftModel
+
+__all__ = ["DraftModel", "Proposal", "Proposer"]

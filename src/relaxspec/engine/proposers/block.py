@@ -1,0 +1,125 @@
+"""BlockProposer: a MARS block proposer drafts k tokens in one causal forward (ProVe §2, DESIGN §4).
+
+One forward over ``[committed tokens not yet cached, k−1 placeholders]`` on the proposer's own
+cache yields k next-token distributions: the output at the last real token (position n−1) is the
+ordinary AR law of token n, the output at placeholder j (position n−1+j) is the law of token n+j.
+Each draft token is drawn independently from its processed law ``q_i`` (argmax when greedy), so
+``q_i`` is exactly the law ``d_i`` was drawn from — which keeps the ``Exact`` rule exact when the
+proposer verifies itself (``prove-lossless`` at temperature > 0) — and the confidence is
+``q_i(d_i)``.
+
+KV of placeholder inputs never survives a cycle: the cache is cropped back to the committed
+length right after the forward, so it only ever holds committed tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from relaxspec.core.sampling import SamplingParams, processed_probs, sample
+from relaxspec.engine.kv import make_lm
+from relaxspec.engine.proposers.base import Proposal
+from relaxspec.errors import RelaxSpecError
+
+# Config attributes a block proposer carries (written by relaxspec.train.block at training).
+BLOCK_SIZE_ATTR = "mars_block_size"
+MASK_ID_ATTR = "mars_mask_token_id"
+
+
+def mask_token_id_of(tokenizer: PreTrainedTokenizerBase, where: str = "the tokenizer") -> int:
+    """The placeholder id (the tokenizer's mask token); a clear error if it has none."""
+    mask_id = tokenizer.mask_token_id
+    if mask_id is None:
+        raise RelaxSpecError(
+            f"{where} has no mask token: a block proposer needs a placeholder token "
+            "(add one, e.g. tokenizer.add_special_tokens({'mask_token': '<|mask|>'}))"
+        )
+    return int(mask_id)
+
+
+def trained_block_size(model: PreTrainedModel, where: str = "the block model") -> int:
+    """The block size a proposer was trained with (``config.mars_block_size``); clear error if none."""
+    size = getattr(model.config, BLOCK_SIZE_ATTR, None)
+    if not isinstance(size, int) or size < 1:
+        raise RelaxSpecError(
+            f"{where} is not a block proposer (its config has no {BLOCK_SIZE_ATTR}); "
+            "train one with `relaxspec train block`"
+        )
+    return size
+
+
+def check_block_size(block_size: object, trained: int) -> int:
+    """``block_size`` must be an integer in ``[1, trained]``."""
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise RelaxSpecError(f"block_size must be an integer >= 1, got {block_size!r}")
+    if block_size > trained:
+        raise RelaxSpecError(
+            f"block_size {block_size} is larger than the block size the proposer was trained with "
+            f"({trained}); its deeper placeholder positions were never trained"
+        )
+    return block_size
+
+
+class BlockProposer:
+    """Draft up to ``block_size`` tokens per cycle with one forward of a block-trained causal LM.
+
+    model: a causal LM trained by :mod:`relaxspec.train.block` (config carries
+    ``mars_block_size``). block_size: tokens per proposal, ``1 ≤ block_size ≤ trained``.
+    mask_token_id: the placeholder id (default: the one recorded in the config at training).
+    """
+
+    name = "block"
+
+    def __init__(self, model: PreTrainedModel, block_size: int, mask_token_id: int | None = None) -> None:
+        self.block_size = check_block_size(block_size, trained_block_size(model))
+        if mask_token_id is None:
+            mask_token_id = getattr(model.config, MASK_ID_ATTR, None)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab:
+            raise RelaxSpecError(
+                f"the block proposer needs a placeholder token id in [0, {vocab}), got {mask_token_id!r}"
+            )
+        self.mask_token_id = mask_token_id
+        self.lm = make_lm(model, name="block proposer")
+
+    @classmethod
+    def from_pretrained(
+        cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, block_size: int
+    ) -> BlockProposer:
+        """Validate block size and placeholder against ``tokenizer`` (one clear error each)."""
+        mask_id = mask_token_id_of(tokenizer, "the block proposer's tokenizer")
+        return cls(model, block_size, mask_id)
+
+    @property
+    def calls(self) -> int:
+        return self.lm.calls
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.lm.reset()
+
+    def block_logits(self, ids: torch.Tensor, k: int) -> torch.Tensor:
+        """Raw logits of the next ``k`` tokens after ``ids[1, n]``: ``FloatTensor[1, k, V]``.
+
+        One forward over the uncached committed tail and ``k−1`` placeholders; the cache is
+        cropped back to the ``n`` committed tokens before returning.
+        """
+        if not 1 <= k <= self.block_size:
+            raise RelaxSpecError(f"a block proposal has 1..{self.block_size} tokens, asked for {k}")
+        n = ids.shape[1]
+        placeholders = torch.full((1, k - 1), self.mask_token_id, dtype=torch.long, device=ids.device)
+        logits = self.lm.feed_committed(ids, placeholders, logits_to_keep=k)  # [1, k, V]
+        self.lm.rollback(n)  # drop the placeholder KV at once
+        return logits
+
+    def propose(
+        self, ids: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        """Draft ``d_1..d_k`` (ProVe §2): ``q_i`` processed laws, confidence ``q_i(d_i)``."""
+        q = processed_probs(self.block_logits(ids, k), params)  # [1, k, V]
+        tokens = sample(q, generator, params.greedy)  # [1, k]
+        confidence = q.gather(-1, tokens[..., None]).squeeze(-1)  # [1, k]
+        return Proposal(tokens=tokens, probs=q, confidence=confidence)
+
+    def rollback(self, length: int) -> None:
+        self.lm.rollback(length)

@@ -1,0 +1,473 @@
+"""``relaxspec bench``: a grid of methods × parameters × datasets × seeds, in one process (DESIGN §6).
+
+Measurement rules:
+
+- models are loaded once; every runner is warmed up before the first timed generation;
+- prompts are the outer loop and the grid's cells the inner one, their order rotating per prompt,
+  so machine drift hits all cells alike;
+- throughput is total new tokens / total in-flight seconds of a cell (never a mean of per-prompt
+  rates); speedup is a cell's throughput over that of the ``ar`` cell of the *same run*, dataset,
+  seed and sampling settings (``ar`` is always part of the grid);
+- Hugging Face ``generate()``, assisted generation (``assistant_model=``) and prompt lookup
+  (``prompt_lookup_num_tokens=``) run as peers on the same models and prompts, as their own rows;
+- quality (math exact match, HumanEval pass@1) and agreement with greedy AR are computed outside
+  the timed region.
+
+Every (cell, prompt) result is appended to ``<out>/records.jsonl`` as soon as it exists, so an
+interrupted run resumes where it stopped (finished prompts are skipped; failed ones run again).
+Rows are always recomputed from the records (:func:`build_rows`), by the benchmark and by the
+report alike. A crash in one cell is recorded in that cell and the grid goes on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval import diagnostics
+from relaxspec.eval.datasets import Example, load_examples
+from relaxspec.eval.peers import (
+    PEERS,
+    Runner,
+    hf_runner,
+    is_peer,
+    resolve_runner,
+    runner_needs,
+    runner_optional,
+    runner_params,
+)
+from relaxspec.eval.results import (
+    Cell,
+    ResultsStore,
+    build_rows,
+    model_fingerprint,
+    print_table,
+    references,
+    write_outputs,
+)
+from relaxspec.methods import ROLE_LOADERS, ModelSet, build_engine, get_method
+from relaxspec.models import bundled
+
+# ---------------------------------------------------------------------------------------------
+# The grid
+
+
+@dataclass
+class BenchConfig:
+    methods: list[str]
+    datasets: list[str] = field(default_factory=lambda: ["math"])
+    limit: int = 10
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seeds: list[int] = field(default_factory=lambda: [0])
+    max_new_tokens: int = 128
+    sets: list[str] = field(default_factory=list)  # "[method.]name=v1,v2"
+    peers: list[str] | None = None  # None: every peer whose models are available
+    models: dict[str, str | None] = field(default_factory=dict)  # role -> directory (default bundled)
+    out: str = "results"
+    warmup_tokens: int = 16
+    diagnostics: bool = False
+    exec_timeout: float = 10.0  # seconds per HumanEval test program
+    progress: bool = True
+    command: str = ""  # the command line, recorded in the manifest
+
+
+def split_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(x) for x in split_list(text)]
+    except ValueError:
+        raise RelaxSpecError(f"--seeds expects comma-separated integers, got {text!r}") from None
+
+
+def parse_peers(text: str) -> list[str] | None:
+    """``auto`` (None: every peer whose models exist), ``none`` or a comma-separated list."""
+    if text.strip() == "auto":
+        return None
+    return [] if text.strip() == "none" else split_list(text)
+
+
+def parse_models(
+    target: str | Path | None, draft: str | Path | None, items: Sequence[str]
+) -> dict[str, str | None]:
+    """Model directories by role from ``--target``, ``--draft`` and ``--model role=DIR``."""
+    models = {"target": str(target) if target else None, "draft": str(draft) if draft else None}
+    for item in items:
+        role, sep, path = item.partition("=")
+        if not sep or not role.strip() or not path.strip():
+            raise RelaxSpecError(f"--model expects role=DIR, got {item!r}")
+        models[role.strip()] = path.strip()
+    return models
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: a JSON scalar (number, true/false, null) as such, anything else a string."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if value is None or isinstance(value, int | float | bool | str) else text
+
+
+def parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, list[Any]]]:
+    """``["nsd.theta=0.9,0.95", "k=4,8"]`` -> ``{"nsd": {"theta": [0.9, 0.95]}, None: {"k": [4, 8]}}``.
+
+    ``method.name=values`` sweeps one method's parameter; ``name=values`` every method that has it.
+    """
+    out: dict[str | None, dict[str, list[Any]]] = {}
+    for item in items:
+        lhs, sep, rhs = item.partition("=")
+        values = [v.strip() for v in rhs.split(",")]
+        if not sep or not lhs.strip() or not all(values):
+            raise RelaxSpecError(f"--set expects [method.]name=value[,value...], got {item!r}")
+        method, _, name = lhs.strip().rpartition(".")
+        out.setdefault(method or None, {})[name] = [parse_value(v) for v in values]
+    return out
+
+
+def _grid_params(name: str, sets: dict[str | None, dict[str, list[Any]]]) -> list[dict[str, Any]]:
+    """Every combination of the swept values of ``name``'s parameters, validated."""
+    known = runner_params(name)
+    swept = {k: v for k, v in sets.get(None, {}).items() if k in known}
+    swept.update(sets.get(name, {}))
+    names = sorted(swept)
+    combos = [
+        dict(zip(names, values, strict=True)) for values in itertools.product(*(swept[n] for n in names))
+    ]
+    return [resolve_runner(name, combo) for combo in combos]
+
+
+def expand_grid(
+    methods: Sequence[str],
+    peers: Sequence[str],
+    sets: dict[str | None, dict[str, list[Any]]],
+    datasets: Sequence[str],
+    seeds: Sequence[int],
+    sampling: dict[str, Any],
+) -> list[Cell]:
+    """All cells, ``ar`` first; unknown methods, peers or parameter names fail with one message.
+
+    ``hf-assisted`` follows the ``k`` values of ``sd`` unless its own ``k`` is swept, so that our
+    speculative decoding and Hugging Face's run with the same draft length.
+    """
+    for name in methods:
+        get_method(name)
+    for name in peers:
+        if not is_peer(name):
+            raise RelaxSpecError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
+    runners = list(dict.fromkeys(["ar", *methods, *peers]))
+    for method in sets:
+        if method is not None and method not in runners:
+            raise RelaxSpecError(f"--set names {method!r}, which is not in --methods or --peers")
+    for name in sets.get(None, {}):
+        if not any(name in runner_params(r) for r in runners):
+            raise RelaxSpecError(f"--set {name}=...: no method in the grid has a parameter {name!r}")
+    params = {r: _grid_params(r, sets) for r in runners}
+    if "hf-assisted" in params and "k" not in {**sets.get(None, {}), **sets.get("hf-assisted", {})}:
+        ks = sorted({p["k"] for p in params.get("sd", [])}) or [get_method("sd").params["k"]]
+        confidence = {**sets.get(None, {}), **sets.get("hf-assisted", {})}.get("confidence", [0.0])
+        params["hf-assisted"] = [
+            resolve_runner("hf-assisted", {"k": k, "confidence": c}) for k in ks for c in confidence
+        ]
+    return [
+        Cell(r, p, d, s, dict(sampling)) for d in datasets for s in seeds for r in runners for p in params[r]
+    ]
+
+
+def _check_config(config: BenchConfig) -> None:
+    if not config.methods:
+        raise RelaxSpecError("no methods given")
+    if not config.datasets:
+        raise RelaxSpecError("no dataset given")
+    if isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1:
+        raise RelaxSpecError(f"--limit must be an integer >= 1, got {config.limit!r}")
+    if not config.seeds or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in config.seeds
+    ):
+        raise RelaxSpecError(f"seeds must be non-negative integers, got {config.seeds!r}")
+    SamplingParams(
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        max_new_tokens=config.max_new_tokens,
+    )
+
+
+def plan(config: BenchConfig) -> list[Cell]:
+    """The grid of ``config`` (validates methods, peers and ``--set`` names before any model loads)."""
+    _check_config(config)
+    sampling = {
+        "temperature": config.temperature,
+        "top_k": config.top_k,
+        "top_p": config.top_p,
+        "max_new_tokens": config.max_new_tokens,
+    }
+    peers = list(PEERS) if config.peers is None else config.peers
+    cells = expand_grid(
+        config.methods, peers, parse_sets(config.sets), config.datasets, config.seeds, sampling
+    )
+    if config.peers is None:  # default peers: only those whose models exist
+        have = {r for r in ("target", "draft") if Path(config.models.get(r) or bundled(r)).exists()}
+        cells = [c for c in cells if not is_peer(c.method) or set(runner_needs(c.method)) <= have]
+    return cells
+
+
+# ---------------------------------------------------------------------------------------------
+# Runners and models
+
+
+def _engine_runner(
+    method: str, params: dict[str, Any], models: ModelSet, sampling: SamplingParams, collect: bool
+) -> Runner:
+    engine = build_engine(method, models, **params)
+
+    def run(ex: Example, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
+        cycles: list = []
+        budget = max_new_tokens or sampling.max_new_tokens
+        result = engine.generate(
+            ex.prompt,
+            replace(sampling, seed=seed, stop=ex.stop, max_new_tokens=budget),
+            on_cycle=cycles.append if collect else None,
+        )
+        out = {
+            "tokens": result.tokens,
+            "text": result.text,
+            "seconds": result.stats.total_seconds,
+            "stats": result.stats.to_dict(),
+        }
+        if collect:
+            out["diagnostics"] = diagnostics.collect(
+                diagnostics.Generation(
+                    method, params, cycles, engine.encode(ex.prompt), result.tokens, models
+                )
+            )
+        return out
+
+    return run
+
+
+def make_runner(cell: Cell, models: ModelSet, collect: bool) -> Runner:
+    s = cell.sampling
+    sampling = SamplingParams(
+        temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], max_new_tokens=s["max_new_tokens"]
+    )
+    if is_peer(cell.method):
+        return hf_runner(cell.method, cell.params, models, sampling)
+    return _engine_runner(cell.method, cell.params, models, sampling, collect)
+
+
+def model_paths(cells: Iterable[Cell], paths: dict[str, str | Path | None]) -> dict[str, Path]:
+    """Directory of every role the grid uses: required ones (missing: clear error), optional ones
+    where given or bundled (a method whose chosen parameters need a missing one fails in its cell).
+    """
+    cells = list(cells)
+    out: dict[str, Path] = {}
+    for role in dict.fromkeys(r for c in cells for r in runner_needs(c.method)):
+        path = Path(paths.get(role) or bundled(role))
+        if not path.exists():
+            raise RelaxSpecError(
+                f"the grid needs a {role} model: pass --{role} DIR or --model {role}=DIR "
+                f"(no bundled model at {path})"
+            )
+        out[role] = path
+    for role in dict.fromkeys(r for c in cells for r in runner_optional(c.method)):
+        path = Path(paths.get(role) or bundled(role))
+        if role not in out and path.exists():
+            out[role] = path
+    return out
+
+
+def load_role_models(paths: dict[str, Path]) -> ModelSet:
+    """Each role once, with the loader its proposer module registered."""
+    models = ModelSet()
+    for role, path in paths.items():
+        loader = ROLE_LOADERS.get(role)
+        if loader is None:
+            raise RelaxSpecError(f"no loader for {role} models is registered")
+        setattr(models, role, loader(path))
+    return models
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+
+
+def _error(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".strip()
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[cell]}"),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+
+
+def fitting_examples(examples: dict[str, list[Example]], models: ModelSet) -> dict[str, list[Example]]:
+    """Drop prompts that leave no room to generate in the smallest context window of the run.
+
+    Every cell then sees the same prompts (a prompt too long for the context would otherwise fail
+    in some cells only). Says on stderr what it dropped; no prompt left is an error.
+    """
+    lms = [m for m in (models.target, models.draft, models.block) if m is not None]
+    if not lms:
+        return examples
+    context = min(m.context_length for m in lms)
+    tok = lms[0].tokenizer
+    out = {}
+    for dataset, exs in examples.items():
+        keep = [ex for ex in exs if len(tok(ex.prompt)["input_ids"]) < context]
+        if len(keep) < len(exs):
+            print(
+                f"note: {dataset}: skipping {len(exs) - len(keep)} of {len(exs)} prompts longer than the "
+                f"context window ({context} tokens)",
+                file=sys.stderr,
+            )
+        if not keep:
+            raise RelaxSpecError(
+                f"dataset {dataset!r}: no prompt fits the context window of {context} tokens"
+            )
+        out[dataset] = keep
+    return out
+
+
+def warm_up(
+    cells: Sequence[Cell], models: ModelSet, examples: dict[str, list[Example]], config: BenchConfig
+) -> tuple[dict[str, Runner], dict[str, str]]:
+    """Build and warm up one runner per (method, params): (runners, errors) keyed by cell label.
+
+    A runner that cannot be built or fails its warm-up generation is an error of its cells only.
+    """
+    runners: dict[str, Runner] = {}
+    broken: dict[str, str] = {}
+    for cell in cells:
+        if cell.label in runners or cell.label in broken:
+            continue
+        try:
+            run = make_runner(cell, models, config.diagnostics)
+            run(Example("warmup", examples[cell.dataset][0].prompt), 0, config.warmup_tokens)
+            runners[cell.label] = run
+        except Exception as err:  # recorded in the cell, the grid goes on
+            broken[cell.label] = _error(err)
+    return runners, broken
+
+
+def run_cell(runner: Runner, ex: Example, seed: int, exec_timeout: float) -> dict[str, Any]:
+    """One timed generation plus its (untimed) quality score, as record fields; errors recorded."""
+    try:
+        out = runner(ex, seed, None)
+        return {**out, "metric": ex.metric, "quality": ex.score(out["text"], exec_timeout), "error": None}
+    except Exception as err:  # recorded in the cell, the grid goes on
+        return {"error": _error(err)}
+
+
+def reference_record(runner: Runner, dataset: str, ex: Example, max_new_tokens: int) -> dict[str, Any] | None:
+    """Greedy AR tokens of one prompt (for agreement when the grid samples); None if it fails."""
+    try:
+        tokens = runner(ex, 0, None)["tokens"]
+    except Exception as err:  # agreement is then missing for this prompt only
+        print(f"warning: greedy AR reference failed on {ex.id}: {_error(err)}", file=sys.stderr)
+        return None
+    return {
+        "type": "reference",
+        "dataset": dataset,
+        "example": ex.id,
+        "max_new_tokens": max_new_tokens,
+        "tokens": tokens,
+    }
+
+
+def run_bench(config: BenchConfig) -> dict[str, Any]:
+    """Run (or resume) the grid; write records, JSON, CSV and Markdown to ``config.out``.
+
+    Returns ``{"rows": [...], "out": path}`` for the whole results directory.
+    """
+    cells = plan(config)
+    examples = {d: load_examples(d, config.limit) for d in config.datasets}
+    store = ResultsStore(config.out)
+    paths = model_paths(cells, config.models)
+    store.check_models(
+        {role: {"path": str(p), "fingerprint": model_fingerprint(p)} for role, p in paths.items()}
+    )
+    models = load_role_models(paths)
+    examples = fitting_examples(examples, models)
+    session = store.start_session(config.command or " ".join(sys.argv))
+
+    done = store.done()
+    pending = [(c, ex) for c in cells for ex in examples[c.dataset] if (c.key, ex.id) not in done]
+    refs = references(store.records)
+    need_ref = {
+        (d, ex.id)
+        for d in config.datasets
+        for ex in examples[d]
+        if config.temperature > 0 and ex.id not in refs.get((d, config.max_new_tokens), {})
+    }
+    runners, broken = warm_up(list({c.key: c for c, _ in pending}.values()), models, examples, config)
+    reference = make_runner(Cell("ar", {}, "", 0, {**cells[0].sampling, "temperature": 0.0}), models, False)
+    todo = {(c.key, ex.id) for c, ex in pending}
+    base = {"type": "record", "session": session, "tokens": [], "seconds": 0.0, "stats": None}
+
+    with _progress(config.progress) as progress:
+        task = progress.add_task("bench", total=len(pending) + len(need_ref), cell="")
+        for dataset in config.datasets:
+            row_cells = [c for c in cells if c.dataset == dataset]
+            for i, ex in enumerate(examples[dataset]):
+                if (dataset, ex.id) in need_ref:
+                    progress.update(task, cell=f"greedy AR reference · {ex.id}")
+                    ref = reference_record(reference, dataset, ex, config.max_new_tokens)
+                    if ref is not None:
+                        store.append(ref)
+                    progress.advance(task)
+                shift = i % max(len(row_cells), 1)
+                for cell in row_cells[shift:] + row_cells[:shift]:  # rotate to spread drift
+                    if (cell.key, ex.id) not in todo:
+                        continue
+                    progress.update(task, cell=f"{cell.label} · seed {cell.seed} · {ex.id}")
+                    if cell.label in broken:
+                        out = {"error": broken[cell.label]}
+                    else:
+                        out = run_cell(runners[cell.label], ex, cell.seed, config.exec_timeout)
+                    store.append({**base, "cell": cell.to_dict(), "example": ex.id, **out})
+                    progress.advance(task)
+
+    rows = build_rows(store.records, [c.key for c in cells])
+    write_outputs(store.out, rows, store.manifest)
+    grid = {c.key for c in cells}
+    print_table([r for r in rows if r.key in grid], title=_title(config))
+    return {"rows": [asdict(r) for r in rows], "out": str(store.out)}
+
+
+def _title(config: BenchConfig) -> str:
+    return (
+        f"{', '.join(config.datasets)} x{config.limit}, T={config.temperature}, "
+        f"seeds={','.join(map(str, config.seeds))}, max_new_tokens={config.max_new_tokens}"
+    )

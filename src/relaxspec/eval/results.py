@@ -1,0 +1,575 @@
+"""Benchmark results: cells, per-prompt records, rows, the results directory and its tables.
+
+A results directory holds ``manifest.json`` (models with fingerprints, one entry per session with
+its command line and environment) and ``records.jsonl`` (one JSON object per line, appended and
+fsync'ed as soon as a generation is done): ``record`` lines — one cell on one prompt: tokens, text,
+seconds, the engine's stats, quality, diagnostics counters or an error — and ``reference`` lines —
+greedy AR tokens for agreement when the grid samples.
+
+Rows are always recomputed from the records (:func:`build_rows`), by the benchmark and the report
+alike: throughput is total new tokens / total in-flight seconds of a cell, speedup is relative to
+the ``ar`` cell of the same dataset, seed and sampling settings.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relaxspec.engine.loop import GenerationStats
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval import diagnostics
+from relaxspec.eval.peers import family, is_peer, runner_params
+
+RECORDS = "records.jsonl"
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One row of the results: a runner with fixed parameters on one dataset with one seed."""
+
+    method: str
+    params: dict[str, Any]
+    dataset: str
+    seed: int
+    sampling: dict[str, Any]  # temperature, top_k, top_p, max_new_tokens
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.method, self.params, self.dataset, self.sampling, self.seed], sort_keys=True)
+
+    @property
+    def label(self) -> str:
+        return label(self.method, self.params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "params": self.params,
+            "dataset": self.dataset,
+            "seed": self.seed,
+            "sampling": self.sampling,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Cell:
+        return Cell(d["method"], dict(d["params"]), d["dataset"], int(d["seed"]), dict(d["sampling"]))
+
+
+def label(method: str, params: dict[str, Any]) -> str:
+    """Every parameter: ``nsd k=8 theta=0.9`` (identifies a runner)."""
+    return " ".join([method, *(f"{k}={v}" for k, v in sorted(params.items()))])
+
+
+ALWAYS_SHOWN = ("k",)  # draft length: needed to pair our sd with HF assisted generation
+
+
+def display_labels(cells: Iterable[Cell]) -> dict[str, str]:
+    """Short row labels: a method's parameters that vary among ``cells``, differ from the preset's
+    default, or are always shown (``k``). Full parameters stay in the rows' ``params``.
+    """
+    cells = list(cells)
+    values: dict[str, dict[str, set[str]]] = {}
+    for c in cells:
+        for k, v in c.params.items():
+            values.setdefault(c.method, {}).setdefault(k, set()).add(json.dumps(v))
+    out = {}
+    for c in cells:
+        try:
+            defaults = runner_params(c.method)
+        except RelaxSpecError:
+            defaults = {}
+        shown = {
+            k: v
+            for k, v in c.params.items()
+            if k in ALWAYS_SHOWN or len(values[c.method][k]) > 1 or (k in defaults and defaults[k] != v)
+        }
+        out[c.key] = label(c.method, shown)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement arithmetic (pure)
+
+
+def throughput(tokens: int, seconds: float) -> float:
+    """Total new tokens / total in-flight seconds (0 when nothing was timed)."""
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def speedup(tokens_per_second: float, ar_tokens_per_second: float | None) -> float | None:
+    """Throughput relative to AR of the same run (None without an AR measurement)."""
+    if not ar_tokens_per_second:
+        return None
+    return tokens_per_second / ar_tokens_per_second
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def merged_stats(stats: Iterable[dict[str, Any]]) -> GenerationStats | None:
+    """Sum of per-generation stats (as stored by ``GenerationStats.to_dict``), via ``merge``."""
+    names = {f.name for f in fields(GenerationStats)}
+    total: GenerationStats | None = None
+    for d in stats:
+        s = GenerationStats(**{k: v for k, v in d.items() if k in names})
+        total = s if total is None else total.merge(s)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+@dataclass
+class Row:
+    """Aggregate of one cell over its prompts (everything the tables, CSV and plots show)."""
+
+    key: str
+    method: str
+    label: str
+    family: str
+    peer: bool
+    params: dict[str, Any]
+    dataset: str
+    seed: int
+    temperature: float
+    top_k: int
+    top_p: float
+    max_new_tokens: int
+    prompts: int = 0
+    errors: int = 0
+    error: str | None = None
+    new_tokens: int = 0
+    seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    speedup: float | None = None
+    tau: float | None = None
+    verifier_calls_per_token: float | None = None
+    draft_calls_per_token: float | None = None
+    verify_ms_per_token: float | None = None
+    verify_ms_per_call: float | None = None
+    rounds: int | None = None  # engine cycles (draft rounds)
+    draft_ms_per_round: float | None = None
+    time_split: dict[str, float] | None = None  # draft / verify / other, fractions of wall time
+    position_acceptance: list[float] = field(default_factory=list)
+    accepted_by_relaxation: int | None = None
+    skipped_tokens: int | None = None
+    strict_agreement: float | None = None  # VS: committed tokens strict verification accepts
+    full_prefix_acceptance: float | None = None  # VS: rounds whose whole commit strict accepts
+    quality: float | None = None
+    quality_metric: str | None = None
+    ar_identical: float | None = None  # share of prompts token-identical to greedy AR
+    ar_prefix: float | None = None  # mean tokens in common with greedy AR before the first difference
+    diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sessions: int = 0
+    seeds: list[int] = field(default_factory=list)
+
+
+def _stats_fields(row: Row, total: GenerationStats) -> None:
+    n = max(total.new_tokens, 1)
+    row.tau = total.tau
+    row.verifier_calls_per_token = total.verifier_calls / n
+    row.draft_calls_per_token = total.draft_calls / n
+    row.verify_ms_per_token = 1000 * total.verify_seconds / n
+    row.verify_ms_per_call = (
+        1000 * total.verify_seconds / total.verifier_calls if total.verifier_calls else None
+    )
+    row.rounds = total.cycles
+    # shadow-verifier agreement (VS §3), where the engine reports it
+    row.strict_agreement = getattr(total, "strict_agreement", None)
+    row.full_prefix_acceptance = getattr(total, "full_prefix_acceptance", None)
+    row.draft_ms_per_round = 1000 * total.draft_seconds / total.cycles if total.cycles else None
+    wall = max(total.total_seconds, 1e-12)
+    row.time_split = {
+        "draft": total.draft_seconds / wall,
+        "verify": total.verify_seconds / wall,
+        "other": total.other_seconds / wall,
+    }
+    row.position_acceptance = total.position_acceptance
+    row.accepted_by_relaxation = total.accepted_by_relaxation
+    row.skipped_tokens = total.skipped_tokens
+
+
+def summarize_cell(cell: Cell, records: Sequence[dict[str, Any]], reference: dict[str, list[int]]) -> Row:
+    """One :class:`Row` from a cell's records; ``reference`` maps example ids to greedy AR tokens."""
+    s = cell.sampling
+    row = Row(
+        cell.key,
+        cell.method,
+        cell.label,
+        family(cell.method),
+        is_peer(cell.method),
+        cell.params,
+        cell.dataset,
+        cell.seed,
+        s["temperature"],
+        s["top_k"],
+        s["top_p"],
+        s["max_new_tokens"],
+    )
+    ok = [r for r in records if r.get("error") is None]
+    failed = [r for r in records if r.get("error") is not None]
+    row.prompts, row.errors = len(ok), len(failed)
+    row.error = failed[0]["error"] if failed else None
+    row.sessions = len({r.get("session") for r in records})
+    row.new_tokens = sum(len(r["tokens"]) for r in ok)
+    row.seconds = sum(r["seconds"] for r in ok)
+    row.tokens_per_second = throughput(row.new_tokens, row.seconds)
+    total = merged_stats(r["stats"] for r in ok if r.get("stats"))
+    if total is not None:
+        _stats_fields(row, total)
+    scores = [r["quality"] for r in ok if r.get("quality") is not None]
+    row.quality = sum(scores) / len(scores) if scores else None
+    row.quality_metric = next((r.get("metric") for r in ok if r.get("metric")), None)
+    refs = [(r["tokens"], reference[r["example"]]) for r in ok if r["example"] in reference]
+    if refs:
+        row.ar_identical = sum(a == b for a, b in refs) / len(refs)
+        row.ar_prefix = sum(common_prefix(a, b) for a, b in refs) / len(refs)
+    counters: dict[str, Any] = {}
+    for r in ok:
+        if r.get("diagnostics"):
+            counters = diagnostics.merge_counters(counters, r["diagnostics"])
+    row.diagnostics = diagnostics.summarize(counters)
+    return row
+
+
+def latest_records(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The last record of every (cell key, example): a re-run supersedes a failed attempt."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        if r.get("type") == "record":
+            out[(Cell.from_dict(r["cell"]).key, r["example"])] = r
+    return out
+
+
+def references(records: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, list[int]]]:
+    """Greedy AR tokens per (dataset, max_new_tokens) and example.
+
+    From ``reference`` records (written when the grid samples) and from ``ar`` cells at
+    temperature 0 (which *are* greedy AR).
+    """
+    out: dict[tuple[str, int], dict[str, list[int]]] = {}
+    for r in records:
+        if r.get("type") == "reference":
+            out.setdefault((r["dataset"], r["max_new_tokens"]), {})[r["example"]] = r["tokens"]
+        elif r.get("type") == "record" and r.get("error") is None:
+            c = r["cell"]
+            if c["method"] == "ar" and c["sampling"]["temperature"] == 0:
+                key = (c["dataset"], c["sampling"]["max_new_tokens"])
+                out.setdefault(key, {})[r["example"]] = r["tokens"]
+    return out
+
+
+ALL_SEEDS = -1  # the seed of a row that pools every seed of its cell
+
+
+def build_rows(
+    records: Sequence[dict[str, Any]], order: Sequence[str] | None = None, combine_seeds: bool = False
+) -> list[Row]:
+    """Rows of every cell in ``records`` (in ``order`` of cell keys first), with speedups vs ``ar``.
+
+    ``combine_seeds`` pools the records of all seeds of a cell into one row (seed ``ALL_SEEDS``):
+    total tokens over total seconds again, never a mean of per-seed rates.
+    """
+    latest = latest_records(records)
+    cells: dict[str, Cell] = {}
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    seeds: dict[str, set[int]] = {}
+    for r in latest.values():
+        cell = Cell.from_dict(r["cell"])
+        seed = cell.seed
+        if combine_seeds:
+            cell = replace(cell, seed=ALL_SEEDS)
+        cells.setdefault(cell.key, cell)
+        by_cell.setdefault(cell.key, []).append(r)
+        seeds.setdefault(cell.key, set()).add(seed)
+    refs = references(records)
+    keys = [k for k in (order or []) if k in cells] + [k for k in cells if k not in set(order or [])]
+    rows = [
+        summarize_cell(
+            cells[k], by_cell[k], refs.get((cells[k].dataset, cells[k].sampling["max_new_tokens"]), {})
+        )
+        for k in keys
+    ]
+    labels = display_labels(cells.values())
+    for row in rows:
+        row.seeds = sorted(seeds[row.key])
+        row.label = labels[row.key]
+    ar = {
+        (r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens): r.tokens_per_second
+        for r in rows
+        if r.method == "ar"
+    }
+    for r in rows:
+        if r.prompts:
+            r.speedup = speedup(
+                r.tokens_per_second,
+                ar.get((r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens)),
+            )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Results directory: manifest + append-only records
+
+
+CARD_RECORDS = ("training.json", "sweep.json")
+
+
+def model_fingerprint(path: Path) -> str:
+    """Hash of a model's config, tokenizer and weight files (to detect a changed model on resume).
+
+    The records a model card is written from (``training.json``, ``sweep.json``) are left out:
+    recording a metric measured later must not make earlier results look like another model's.
+    """
+    h = hashlib.sha1()
+    files = [path] if path.is_file() else sorted(f for f in path.iterdir() if f.is_file())
+    for f in files:
+        if f.name in CARD_RECORDS:
+            continue
+        if f.suffix in (".json", ".safetensors", ".bin", ".pt", ".txt", ".model"):
+            h.update(f.name.encode())
+            with f.open("rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+class ResultsStore:
+    """``<out>/manifest.json`` (models, sessions) and ``<out>/records.jsonl`` (one JSON per line)."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = Path(out)
+        if self.out.suffix == ".json":
+            raise RelaxSpecError(f"--out is a directory for the results, not a .json file: {self.out}")
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            probe = self.out / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as err:
+            raise RelaxSpecError(f"cannot write results to {self.out}: {err.strerror or err}") from None
+        self.records = load_records(self.out) if (self.out / RECORDS).exists() else []
+        self.manifest = load_manifest(self.out)
+
+    def check_models(self, fingerprints: dict[str, dict[str, str]]) -> None:
+        """Resuming with different models would mix incomparable numbers: refuse."""
+        for role, info in fingerprints.items():
+            old = self.manifest["models"].get(role)
+            if old is not None and old["fingerprint"] != info["fingerprint"]:
+                raise RelaxSpecError(
+                    f"{self.out} holds results of a different {role} model ({old['path']}); "
+                    "use a new --out directory"
+                )
+        self.manifest["models"].update(fingerprints)
+
+    def start_session(self, command: str) -> str:
+        session = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self.manifest["sessions"].append({"id": session, "command": command, "environment": environment()})
+        self.save_manifest()
+        return session
+
+    def save_manifest(self) -> None:
+        (self.out / MANIFEST).write_text(json.dumps(self.manifest, indent=1))
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        with (self.out / RECORDS).open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def done(self) -> set[tuple[str, str]]:
+        """(cell key, example) pairs with a successful record."""
+        return {k for k, r in latest_records(self.records).items() if r.get("error") is None}
+
+
+def load_records(out: str | Path) -> list[dict[str, Any]]:
+    """Every record of ``<out>/records.jsonl``; a malformed line is one clear error."""
+    path = Path(out) / RECORDS
+    if not path.is_file():
+        raise RelaxSpecError(f"no benchmark results in {out} (missing {RECORDS})")
+    records = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            if r.get("type") == "record":
+                Cell.from_dict(r["cell"])
+                assert isinstance(r["example"], str) and isinstance(r["tokens"], list)
+                assert isinstance(r["seconds"], int | float)
+            elif r.get("type") == "reference":
+                assert isinstance(r["tokens"], list) and isinstance(r["example"], str)
+            else:
+                raise ValueError(r.get("type"))
+        except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+            raise RelaxSpecError(
+                f"corrupted results file {path}, line {lineno}: not a benchmark record (an interrupted "
+                "write?); delete that line to resume, or use a new --out directory"
+            ) from None
+        records.append(r)
+    return records
+
+
+def load_manifest(out: str | Path) -> dict[str, Any]:
+    path = Path(out) / MANIFEST
+    if not path.exists():
+        return {"version": FORMAT_VERSION, "models": {}, "sessions": []}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        assert manifest["version"] == FORMAT_VERSION
+        assert isinstance(manifest["models"], dict) and isinstance(manifest["sessions"], list)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise RelaxSpecError(f"corrupted results manifest {path}; use a new --out directory") from None
+    return manifest
+
+
+def environment() -> dict[str, Any]:
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Output: JSON, CSV, Markdown, terminal table
+
+
+def _fmt(x: float | None, f: str = "{:.2f}") -> str:
+    return "-" if x is None else f.format(x)
+
+
+def _split(r: Row) -> str:
+    if r.time_split is None:
+        return "-"
+    return "/".join(f"{100 * r.time_split[k]:.0f}" for k in ("draft", "verify", "other"))
+
+
+COLUMNS = [
+    ("runner", lambda r: r.label),
+    ("data", lambda r: dataset_name(r.dataset)),
+    ("seed", lambda r: ",".join(map(str, r.seeds)) if r.seed == ALL_SEEDS else str(r.seed)),
+    ("prompts", lambda r: f"{r.prompts}" + (f" ({r.errors} failed)" if r.errors else "")),
+    ("new tok", lambda r: str(r.new_tokens)),
+    ("sec", lambda r: _fmt(r.seconds)),
+    ("tok/s", lambda r: _fmt(r.tokens_per_second, "{:.1f}")),
+    ("speedup", lambda r: _fmt(r.speedup, "{:.2f}x")),
+    ("τ", lambda r: _fmt(r.tau)),
+    ("verif/tok", lambda r: _fmt(r.verifier_calls_per_token, "{:.3f}")),
+    ("draft/tok", lambda r: _fmt(r.draft_calls_per_token)),
+    ("verify ms/tok", lambda r: _fmt(r.verify_ms_per_token)),
+    ("draft/verify/other %", _split),
+    ("quality", lambda r: "-" if r.quality is None else f"{r.quality:.3f} {r.quality_metric or ''}".strip()),
+    ("= AR", lambda r: _fmt(r.ar_identical)),
+    ("AR prefix", lambda r: _fmt(r.ar_prefix, "{:.1f}")),
+]
+
+TERMINAL_COLUMNS = [
+    c
+    for c in COLUMNS
+    if c[0] in ("runner", "data", "seed", "prompts", "tok/s", "speedup", "τ", "verif/tok")
+    or c[0] in ("draft/verify/other %", "quality", "= AR")
+]
+
+
+def dataset_name(dataset: str) -> str:
+    """Short display name: ``math``, ``humaneval``, … or a prompt file's stem."""
+    return Path(dataset).stem if dataset.endswith(".jsonl") else dataset
+
+
+def markdown_table(rows: Sequence[Row], columns: Sequence[tuple[str, Callable[[Row], str]]] = ()) -> str:
+    cols = list(columns) or COLUMNS
+    lines = [
+        "| " + " | ".join(name for name, _ in cols) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(fn(r).replace("|", "\\|") for _, fn in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_table(rows: Sequence[Row], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name, _ in TERMINAL_COLUMNS:
+        table.add_column(name, justify="left" if name == "runner" else "right")
+    for r in rows:
+        table.add_row(*(fn(r) for _, fn in TERMINAL_COLUMNS))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    for r in rows:
+        if r.error:
+            print(f"error in {r.label} ({r.dataset}, seed {r.seed}): {r.error}", file=sys.stderr)
+
+
+def flat_row(r: Row) -> dict[str, Any]:
+    """A CSV row: scalars as they are, lists ``;``-joined, dicts flattened with dotted names."""
+    out: dict[str, Any] = {}
+
+    def put(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                put(f"{prefix}.{k}", v)
+        elif isinstance(value, list):
+            out[prefix] = ";".join(
+                "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in value
+            )
+        else:
+            out[prefix] = value
+
+    for k, v in asdict(r).items():
+        if k == "key":
+            continue
+        put(k, v)
+    return out
+
+
+def write_outputs(out: Path, rows: Sequence[Row], manifest: dict[str, Any]) -> None:
+    """``results.json`` (manifest + rows), ``results.csv`` and ``results.md``."""
+    (out / "results.json").write_text(
+        json.dumps({"manifest": manifest, "rows": [asdict(r) for r in rows]}, indent=1)
+    )
+    flat = [flat_row(r) for r in rows]
+    names = list(dict.fromkeys(k for f in flat for k in f))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=names)
+    writer.writeheader()
+    writer.writerows(flat)
+    (out / "results.csv").write_text(buf.getvalue())
+    (out / "results.md").write_text(markdown_table(rows))

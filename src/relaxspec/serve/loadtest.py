@@ -1,0 +1,425 @@
+"""Load test of the OpenAI-compatible server: throughput, latency and time to first token.
+
+For each concurrency level C, ``C`` clients send streamed ``/v1/completions`` requests back to back
+until ``requests`` have been sent. Per level (and method) it reports
+
+- **throughput**: completion tokens of all successful requests / wall-clock seconds of the level
+  (DESIGN §6: total tokens over total time, not a mean of per-request rates),
+- p50/p99 end-to-end **latency** and **time to first token** (the first non-empty text chunk),
+- failed requests (non-200 answers, error events, broken connections) and τ from the usage.
+
+Methods are measured either as per-request overrides (``"relaxspec": {"method": ...}``) against
+one running server, or (``spawn``) on one server subprocess per method, started on free loopback
+ports and stopped at the end. Levels are interleaved across methods so that a drift of the
+machine's speed hits every method alike; speedup = throughput / ``ar`` throughput at the same C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from relaxspec.errors import RelaxSpecError
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class Prompt:
+    text: str
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it (times in seconds from sending it)."""
+
+    ok: bool
+    latency: float
+    ttft: float | None = None
+    completion_tokens: int = 0
+    verifier_calls: int = 0
+    error: str | None = None
+
+
+@dataclass
+class LevelResult:
+    """One (method, concurrency) cell of the load test."""
+
+    method: str
+    concurrency: int
+    requests: int
+    failed: int
+    wall_seconds: float
+    completion_tokens: int
+    throughput: float  # completion tokens / s
+    latency_p50: float | None
+    latency_p99: float | None
+    ttft_p50: float | None
+    ttft_p99: float | None
+    tau: float | None
+    errors: list[str] = field(default_factory=list)  # the first few distinct messages
+
+
+@dataclass
+class LoadtestConfig:
+    """What to measure. ``methods`` empty = the server's default method (shown as "default")."""
+
+    url: str = f"http://{LOOPBACK}:8000"
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    requests: int = 64
+    max_tokens: int = 64
+    methods: list[str] = field(default_factory=list)
+    dataset: str = "math"
+    temperature: float = 0.0
+    seed: int | None = 0
+    fixed_length: bool = False  # ignore EOS and stop strings: max_tokens per request for every method
+    warmup: int = 8
+    timeout: float = 600.0
+    spawn: bool = False
+    spawn_args: list[str] = field(default_factory=list)  # model/parameter options for `relaxspec serve`
+    startup_timeout: float = 300.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) with linear interpolation between order statistics
+    (NumPy's default); None for no values."""
+    if not 0 <= q <= 100:
+        raise RelaxSpecError(f"percentile must be in [0, 100], got {q}")
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(
+    method: str, concurrency: int, records: Sequence[RequestRecord], wall_seconds: float
+) -> LevelResult:
+    """Aggregate one level: throughput over the wall time, percentiles over successful requests."""
+    ok = [r for r in records if r.ok]
+    tokens = sum(r.completion_tokens for r in ok)
+    calls = sum(r.verifier_calls for r in ok)
+    latencies = [r.latency for r in ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    errors = list(dict.fromkeys(r.error for r in records if not r.ok and r.error))[:5]
+    return LevelResult(
+        method=method,
+        concurrency=concurrency,
+        requests=len(records),
+        failed=len(records) - len(ok),
+        wall_seconds=wall_seconds,
+        completion_tokens=tokens,
+        throughput=tokens / wall_seconds if wall_seconds > 0 else 0.0,
+        latency_p50=percentile(latencies, 50),
+        latency_p99=percentile(latencies, 99),
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p99=percentile(ttfts, 99),
+        tau=tokens / calls if calls else None,
+        errors=errors,
+    )
+
+
+def speedups(levels: Sequence[LevelResult], baseline: str = "ar") -> dict[str, dict[int, float | None]]:
+    """Throughput relative to ``baseline`` at the same concurrency, per other method."""
+    base = {lv.concurrency: lv.throughput for lv in levels if lv.method == baseline}
+    out: dict[str, dict[int, float | None]] = {}
+    for lv in levels:
+        if lv.method == baseline or lv.concurrency not in base:
+            continue
+        ref = base[lv.concurrency]
+        out.setdefault(lv.method, {})[lv.concurrency] = lv.throughput / ref if ref > 0 else None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+def request_body(prompt: Prompt, config: LoadtestConfig, method: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "prompt": prompt.text,
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if config.seed is not None:
+        body["seed"] = config.seed
+    if config.fixed_length:
+        body["ignore_eos"] = True
+    elif prompt.stop:
+        body["stop"] = list(prompt.stop)
+    if method is not None:
+        body["relaxspec"] = {"method": method}
+    return body
+
+
+def _error_message(status: int, raw: bytes) -> str:
+    try:
+        return f"HTTP {status}: {json.loads(raw)['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {status}: {raw[:200].decode(errors='replace')}"
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> RequestRecord:
+    """Send one streamed completion; time the first text chunk and the end."""
+    start = time.perf_counter()
+    ttft: float | None = None
+    tokens = calls = 0
+    done = False
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                raw = await response.aread()
+                return RequestRecord(
+                    False, time.perf_counter() - start, error=_error_message(response.status_code, raw)
+                )
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: ") :]
+                if data == "[DONE]":
+                    done = True
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    return RequestRecord(False, time.perf_counter() - start, error=event["error"]["message"])
+                if ttft is None and any(c.get("text") for c in event.get("choices", [])):
+                    ttft = time.perf_counter() - start
+                if event.get("usage"):
+                    tokens = int(event["usage"]["completion_tokens"])
+                    calls = int(event["usage"].get("relaxspec", {}).get("verifier_calls", 0))
+    except (httpx.HTTPError, json.JSONDecodeError) as err:
+        return RequestRecord(False, time.perf_counter() - start, error=f"{type(err).__name__}: {err}")
+    latency = time.perf_counter() - start
+    if not done:
+        return RequestRecord(False, latency, ttft, error="the stream ended without [DONE]")
+    return RequestRecord(True, latency, ttft, tokens, calls)
+
+
+async def run_level(
+    url: str, prompts: Sequence[Prompt], config: LoadtestConfig, concurrency: int, method: str | None
+) -> tuple[list[RequestRecord], float]:
+    """``config.requests`` requests from ``concurrency`` clients; the records and the wall time."""
+    records: list[RequestRecord] = []
+    counter = itertools.count()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=config.timeout, limits=limits) as client:
+
+        async def worker() -> None:
+            while (i := next(counter)) < config.requests:
+                body = request_body(prompts[i % len(prompts)], config, method)
+                records.append(await stream_completion(client, url, body))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return records, wall
+
+
+async def warm_up(url: str, prompts: Sequence[Prompt], config: LoadtestConfig, method: str | None) -> None:
+    """A few unrecorded requests (first-call overheads); a failure here aborts the run."""
+    async with httpx.AsyncClient(timeout=config.timeout) as client:
+        for i in range(config.warmup):
+            record = await stream_completion(
+                client, url, request_body(prompts[i % len(prompts)], config, method)
+            )
+            if not record.ok:
+                raise RelaxSpecError(f"warm-up request to {url} failed: {record.error}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Spawned servers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+class SpawnedServer:
+    """``relaxspec serve`` for one method in a subprocess on a free loopback port."""
+
+    def __init__(self, method: str, config: LoadtestConfig, log_dir: Path) -> None:
+        self.method = method
+        self.port = free_port()
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        top = max(config.concurrency)
+        self.log_path = log_dir / f"serve-{method}.log"
+        command = [
+            sys.executable, "-m", "relaxspec.cli", "serve",
+            "--method", method,
+            "--host", LOOPBACK,
+            "--port", str(self.port),
+            "--max-concurrency", str(top),
+            "--max-queue", str(top),
+            *config.spawn_args,
+        ]  # fmt: skip
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Poll ``/health`` until it answers; a clear error if the process exits or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RelaxSpecError(f"the {self.method} server exited at start-up:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RelaxSpecError(
+            f"the {self.method} server did not start within {timeout:.0f}s:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 20) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def load_prompts(dataset: str, limit: int) -> list[Prompt]:
+    """Prompts (and their stop strings) of a dataset: math, code, humaneval or a .jsonl file."""
+    from relaxspec.eval.datasets import load_examples
+
+    return [Prompt(e.prompt, e.stop) for e in load_examples(dataset, limit)]
+
+
+def validate(config: LoadtestConfig) -> None:
+    if not config.concurrency or min(config.concurrency) < 1:
+        raise RelaxSpecError(f"concurrency levels must be integers >= 1, got {config.concurrency}")
+    for name in ("requests", "max_tokens"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RelaxSpecError(f"{name} must be an integer >= 1, got {value!r}")
+    if config.warmup < 0:
+        raise RelaxSpecError(f"warmup must be >= 0, got {config.warmup}")
+    if config.spawn and not config.methods:
+        raise RelaxSpecError("--spawn needs --method (one server is started per method)")
+    if not config.spawn and not config.url.startswith(("http://", "https://")):
+        raise RelaxSpecError(f"--url must start with http:// or https://, got {config.url!r}")
+
+
+def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: Any = None) -> dict[str, Any]:
+    """Measure every (concurrency, method) cell; returns the JSON-able report.
+
+    ``progress(text)`` (optional) is called before each cell.
+    """
+    validate(config)
+    if not prompts:
+        raise RelaxSpecError("the load test needs at least one prompt")
+    methods: list[str | None] = list(config.methods) or [None]
+    with ExitStack() as stack:
+        urls = _servers(config, stack)
+        for method in methods:
+            asyncio.run(warm_up(urls[method], prompts, config, _override(config, method)))
+        levels: list[LevelResult] = []
+        for concurrency in config.concurrency:
+            for method in methods:
+                name = method or "default"
+                if progress is not None:
+                    progress(f"{name} at concurrency {concurrency}")
+                records, wall = asyncio.run(
+                    run_level(urls[method], prompts, config, concurrency, _override(config, method))
+                )
+                levels.append(summarize(name, concurrency, records, wall))
+    return {
+        "config": asdict(config),
+        "levels": [asdict(lv) for lv in levels],
+        "speedup": {m: {str(c): v for c, v in by_c.items()} for m, by_c in speedups(levels).items()},
+        "failed": sum(lv.failed for lv in levels),
+    }
+
+
+def _override(config: LoadtestConfig, method: str | None) -> str | None:
+    """The per-request method override (none when each method has its own spawned server)."""
+    return None if config.spawn else method
+
+
+def _servers(config: LoadtestConfig, stack: ExitStack) -> dict[str | None, str]:
+    """The URL each method is measured at (spawning and registering servers for cleanup)."""
+    if not config.spawn:
+        return {m: config.url.rstrip("/") for m in [*config.methods, None]}
+    log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relaxspec-loadtest-")))
+    servers = [SpawnedServer(m, config, log_dir) for m in config.methods]
+    for server in servers:
+        stack.callback(server.stop)
+    for server in servers:
+        server.wait_ready(config.startup_timeout)
+    return {s.method: s.url for s in servers}
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The report as a rich table (latencies in ms)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="relaxspec load test (latencies in ms)")
+    columns = ("method", "C", "req", "failed", "tok/s", "speedup", "τ")
+    for col in (*columns, "lat p50", "lat p99", "TTFT p50", "TTFT p99"):
+        table.add_column(col, justify="right", no_wrap=True)
+    speedup = report["speedup"]
+    for lv in report["levels"]:
+        ratio = speedup.get(lv["method"], {}).get(str(lv["concurrency"]))
+        table.add_row(
+            lv["method"],
+            str(lv["concurrency"]),
+            str(lv["requests"]),
+            str(lv["failed"]),
+            _fmt(lv["throughput"], digits=1),
+            "-" if ratio is None else f"{ratio:.2f}x",
+            _fmt(lv["tau"]),
+            _fmt(lv["latency_p50"], 1000, 0),
+            _fmt(lv["latency_p99"], 1000, 0),
+            _fmt(lv["ttft_p50"], 1000, 0),
+            _fmt(lv["ttft_p99"], 1000, 0),
+        )
+    console = Console()
+    console.width = max(console.width, 120)  # not cut to 80 columns when piped
+    console.print(table)
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")

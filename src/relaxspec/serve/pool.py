@@ -1,0 +1,191 @@
+"""Serving many requests on one set of models: admission control and continuous batching.
+
+:class:`ServingPool` is what the HTTP server calls. ``submit`` runs one generation in the caller's
+thread with its own :class:`Engine` (its own decoding state and random generator). With
+``batching=True`` the engines' caches are rows of shared batched caches
+(:mod:`relaxspec.engine.batching`), so concurrent requests share one verifier forward (and one draft
+forward) per step, join and leave between steps, and each row accepts its own number of tokens.
+The pool caps concurrent sequences and queued requests and answers past the caps with
+:class:`Overloaded`. A cancelled request (client gone) stops at its next committed chunk.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.batching import Batcher
+from relaxspec.engine.loop import GenerationResult
+from relaxspec.errors import RelaxSpecError
+from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
+
+
+class Overloaded(RelaxSpecError):
+    """Too many requests in flight and queued (HTTP 429/503)."""
+
+
+class Cancelled(Exception):
+    """The request was cancelled (e.g. the client disconnected)."""
+
+
+@dataclass
+class PoolStats:
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    verifier_calls: int = 0
+    draft_calls: int = 0
+    # seconds, of the most recent completed requests (bounded: a server runs for days)
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+    first_token_latencies: deque[float] = field(default_factory=lambda: deque(maxlen=10_000))
+
+
+class ServingPool:
+    """Admission control + per-request engines over shared models.
+
+    max_concurrency: sequences decoded at once; max_queue: requests allowed to wait for a slot
+    (more are rejected with :class:`Overloaded`); batching: share batched forwards across the
+    running requests (off: each request decodes alone, in parallel threads).
+    ``default_method``/``default_params`` apply when a request does not override them.
+    """
+
+    def __init__(
+        self,
+        models: ModelSet,
+        default_method: str = "nsd",
+        default_params: dict[str, Any] | None = None,
+        max_concurrency: int = 8,
+        max_queue: int = 64,
+        batching: bool = True,
+    ) -> None:
+        if max_concurrency < 1 or max_queue < 0:
+            raise RelaxSpecError("max_concurrency must be >= 1 and max_queue >= 0")
+        self.models = models
+        self.default_method = default_method
+        self.default_params = resolve_params(default_method, default_params or {})
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+        self._slots = threading.Semaphore(max_concurrency)
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._active = 0
+        self.stats = PoolStats()
+        self.batcher = Batcher() if batching else None
+        self._check_method_models(default_method)
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def _check_method_models(self, method: str) -> None:
+        for role in get_method(method).needs:
+            if getattr(self.models, role) is None:
+                raise RelaxSpecError(
+                    f"method {method!r} needs a {role} model, which this server did not load"
+                )
+
+    def resolve(self, method: str | None, params: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        """The method and validated parameters of a request (its overrides over the defaults)."""
+        method = method or self.default_method
+        if method == self.default_method:
+            merged = {**self.default_params, **(params or {})}
+        else:
+            merged = dict(params or {})
+        resolved = resolve_params(method, merged)
+        self._check_method_models(method)
+        return method, resolved
+
+    def submit(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        method: str | None = None,
+        method_params: dict[str, Any] | None = None,
+        on_chunk: Callable[[str, list[int]], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> GenerationResult:
+        """Run one request to completion in the calling thread (blocking).
+
+        ``on_chunk`` must not block: with batching, every running request waits for the slowest
+        one at each step.
+        """
+        method, params = self.resolve(method, method_params)
+        if self.batcher is not None:
+            with self.batcher.building() as rows:
+                engine = build_engine(method, self.models, **params)
+        else:
+            engine, rows = build_engine(method, self.models, **params), []
+        engine.encode(prompt)  # validate the prompt before taking a slot
+        with self._lock:
+            self.stats.requests += 1
+            if self._active >= self.max_concurrency and self._waiting >= self.max_queue:
+                self.stats.rejected += 1
+                raise Overloaded(
+                    f"server overloaded: {self._active} requests running and {self._waiting} queued"
+                )
+            self._waiting += 1
+        started = time.perf_counter()
+        first_chunk_at: list[float] = []
+
+        def chunk_hook(text: str, ids: list[int]) -> None:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            if not first_chunk_at:
+                first_chunk_at.append(time.perf_counter() - started)
+            if on_chunk is not None:
+                on_chunk(text, ids)
+
+        # Wait for a slot, but give up the queue place at once if the client goes away.
+        while not self._slots.acquire(timeout=0.05):
+            if cancel is not None and cancel.is_set():
+                with self._lock:
+                    self._waiting -= 1
+                    self.stats.cancelled += 1
+                raise Cancelled()
+        with self._lock:
+            self._waiting -= 1
+            self._active += 1
+        try:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+            if self.batcher is not None:
+                with self.batcher.running(rows):
+                    result = engine.generate(prompt, sampling, on_chunk=chunk_hook)
+            else:
+                result = engine.generate(prompt, sampling, on_chunk=chunk_hook)
+        except Cancelled:
+            with self._lock:
+                self.stats.cancelled += 1
+            raise
+        except Exception:
+            with self._lock:
+                self.stats.failed += 1
+            raise
+        finally:
+            with self._lock:
+                self._active -= 1
+            self._slots.release()
+        with self._lock:
+            s = self.stats
+            s.completed += 1
+            s.prompt_tokens += result.stats.prompt_tokens
+            s.new_tokens += result.stats.new_tokens
+            s.verifier_calls += result.stats.verifier_calls
+            s.draft_calls += result.stats.draft_calls
+            s.latencies.append(time.perf_counter() - started)
+            if first_chunk_at:
+                s.first_token_latencies.append(first_chunk_at[0])
+        return result

@@ -1,0 +1,1046 @@
+"""OpenAI-compatible HTTP server over a :class:`~relaxspec.serve.pool.ServingPool`.
+
+``create_app(pool, model_name, tokenizer, context_length)`` returns a FastAPI app with
+
+- ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI request/response shapes,
+  streaming as server-sent events ending with ``data: [DONE]``),
+- ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text format).
+
+Every request body is validated here (types, ranges, unsupported OpenAI features, the context
+window) and then through the pool (method names and parameters); bad input is answered with a 4xx
+and an OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` body, a full pool with 429
+and ``Retry-After``, and an unexpected failure with a 500 for that request only (DESIGN §7).
+
+The pool's blocking ``submit`` runs on a worker thread per request; committed text reaches the
+event loop through ``loop.call_soon_threadsafe`` into an :class:`asyncio.Queue`. A client that
+disconnects (detected by polling while the response has not started, and by Starlette cancelling
+the stream afterwards) has its request's cancel event set, which stops that generation at its
+next committed chunk.
+
+Chat template (our models are base LMs, not chat-tuned): each message becomes one line
+``"<Role>: <content>"`` with roles ``System``, ``User`` and ``Assistant`` (``developer`` renders as
+``System``), and the prompt ends with ``"Assistant:"``; generation stops at ``"\\nUser:"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.loop import GenerationResult
+from relaxspec.errors import RelaxSpecError
+from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, method_names
+from relaxspec.models import LoadedModel, bundled
+from relaxspec.serve.pool import Cancelled, Overloaded, ServingPool
+
+log = logging.getLogger("relaxspec.serve.server")
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+RETRY_AFTER_SECONDS = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class APIError(Exception):
+    """An OpenAI-style error answer: HTTP status plus ``{"error": {message, type, param, code}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _validation_error(err: ValidationError) -> APIError:
+    """The first pydantic error as a 400 naming the offending field.
+
+    A value that matches no member of a union (e.g. ``prompt``) fails once per member, each with
+    the member's type in its location; those are reported once, at their common location.
+    """
+    errors = err.errors()
+    first = errors[0]
+    same_field = [tuple(e["loc"]) for e in errors if e["loc"][:1] == first["loc"][:1]]
+    loc_parts = _common_prefix(same_field)
+    loc = ".".join(str(p) for p in loc_parts)
+    if first["type"] == "missing":
+        return bad_request(f"missing required field {loc!r}", param=loc, code="missing_field")
+    messages = list(dict.fromkeys(e["msg"] for e in errors if tuple(e["loc"])[: len(loc_parts)] == loc_parts))
+    where = f"{loc}: " if loc else ""
+    detail = "; ".join(messages[:3])
+    return bad_request(f"invalid request: {where}{detail}", param=loc or None, code="invalid_value")
+
+
+def _common_prefix(locs: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    prefix = locs[0]
+    for loc in locs[1:]:
+        n = 0
+        while n < min(len(prefix), len(loc)) and prefix[n] == loc[n]:
+            n += 1
+        prefix = prefix[:n]
+    return prefix
+
+
+def _error_from_exception(err: BaseException) -> APIError:
+    """Map what ``pool.submit`` raised to the answer the client gets."""
+    if isinstance(err, Overloaded):
+        return APIError(
+            429,
+            str(err),
+            type_="rate_limit_error",
+            code="server_overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    if isinstance(err, RelaxSpecError):
+        return bad_request(str(err))
+    log.error("request failed", exc_info=err)
+    return APIError(
+        500, f"internal error: {type(err).__name__}: {err}", type_="server_error", code="internal_error"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Request bodies (strict JSON types; nulls mean "default")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class RelaxSpecOptions(_Strict):
+    """The ``"relaxspec"`` extension field: a method preset and its parameters for this request."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    method: str | None = None
+    params: dict[str, Any] | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class _Sampling(_Strict):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)  # extension (0 = off)
+    ignore_eos: bool | None = None  # extension (as in vLLM): generate through EOS up to max_tokens
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    relaxspec: RelaxSpecOptions | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+
+
+# Fields that change OpenAI semantics in ways this server does not implement, with the values that
+# mean "off" (None always does).
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (1,),
+    "best_of": (1,),
+    "echo": (False,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "suffix": ("",),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "tools": ([],),
+}
+
+
+def _reject_unsupported(req: _Sampling) -> None:
+    """400 for a feature the request asks for that the server cannot honour (e.g. n > 1)."""
+    for name, off in _UNSUPPORTED.items():
+        value = getattr(req, name, None)
+        if value is None or any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in off):
+            continue
+        if name == "n":
+            raise bad_request(f"only n=1 is supported, got n={value}", param="n", code="unsupported_value")
+        raise bad_request(f"{name}={value!r} is not supported by this server", param=name, code="unsupported")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat template
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """Messages as plain-text turns for a base LM, ending with the assistant's cue."""
+
+    roles: tuple[tuple[str, str], ...] = (
+        ("system", "System"),
+        ("developer", "System"),
+        ("user", "User"),
+        ("assistant", "Assistant"),
+    )
+    cue: str = "Assistant:"
+    stop: tuple[str, ...] = ("\nUser:",)
+
+    def render(self, messages: Iterable[ChatMessage]) -> str:
+        labels = dict(self.roles)
+        lines = [f"{labels[m.role]}: {_message_text(m)}" for m in messages]
+        return "\n".join([*lines, self.cue])
+
+
+def _message_text(message: ChatMessage) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    return "".join(part.text for part in message.content)
+
+
+# ---------------------------------------------------------------------------------------------
+# A validated request, ready for the pool
+
+
+@dataclass
+class Job:
+    """What one HTTP request asks the pool for."""
+
+    endpoint: str  # "completions" or "chat"
+    prompt: str | list[int]
+    prompt_tokens: int
+    sampling: SamplingParams
+    method: str
+    method_params: dict[str, Any] | None
+    stream: bool
+    include_usage: bool
+
+
+@dataclass
+class ServerConfig:
+    """Everything the endpoints need besides the pool."""
+
+    model_name: str
+    tokenizer: Any
+    context_length: int
+    max_tokens_cap: int | None = None
+    default_max_tokens: int = 16
+    poll_interval: float = 0.2
+    chat_template: ChatTemplate = field(default_factory=ChatTemplate)
+
+
+def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> str | list[int]:
+    """The one prompt of a completions request: a string or token ids (a list of one of either)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise bad_request(
+                f"only one prompt per request is supported, got {len(prompt)}", "prompt", "unsupported_value"
+            )
+        prompt = prompt[0]
+    if not prompt:
+        raise bad_request("the prompt is empty", "prompt", "empty_prompt")
+    return prompt
+
+
+def _count_tokens(config: ServerConfig, prompt: str | list[int], param: str) -> int:
+    """Prompt length in tokens (as the engine will encode it); 400 for text that cannot be encoded."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise bad_request(f"{param}: not valid Unicode text ({err.reason})", param, "invalid_value") from None
+    try:
+        return len(config.tokenizer(prompt)["input_ids"])
+    except Exception as err:
+        raise bad_request(f"{param}: cannot be tokenized ({err})", param, "invalid_value") from None
+
+
+def _max_tokens(
+    config: ServerConfig,
+    requested: int | None,
+    prompt_tokens: int,
+    default: int | None,
+    params: tuple[str, str] = ("prompt", "max_tokens"),
+) -> int:
+    """The token budget: checked against the context window left after the prompt and the cap.
+
+    ``params`` names the request's prompt and budget fields (for the error's ``param``).
+    """
+    prompt_param, budget_param = params
+    room = config.context_length - prompt_tokens
+    if room <= 0:
+        raise bad_request(
+            f"the prompt has {prompt_tokens} tokens but the model's context window is "
+            f"{config.context_length}; shorten it",
+            prompt_param,
+            "context_length_exceeded",
+        )
+    cap = min(room, config.max_tokens_cap or room)
+    if requested is None:
+        return min(cap, default) if default is not None else cap
+    if requested > room:
+        raise bad_request(
+            f"{budget_param}={requested} is too large: the prompt has {prompt_tokens} tokens and the "
+            f"context window is {config.context_length}, so at most {room} new tokens fit",
+            budget_param,
+            "context_length_exceeded",
+        )
+    if requested > cap:
+        raise bad_request(
+            f"{budget_param}={requested} exceeds this server's limit of {cap}",
+            budget_param,
+            "max_tokens_exceeded",
+        )
+    return requested
+
+
+def _stops(stop: str | list[str] | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    given = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not s for s in given):
+        raise bad_request("stop strings must be non-empty", "stop", "invalid_value")
+    return tuple(dict.fromkeys([*given, *extra]))
+
+
+def _method(pool: ServingPool, options: RelaxSpecOptions | None) -> tuple[str, dict[str, Any] | None]:
+    """The request's method and parameter overrides, validated through the pool (400 if bad)."""
+    method = options.method if options is not None else None
+    params = options.params if options is not None else None
+    if method is not None:
+        try:
+            spec = get_method(method)
+        except RelaxSpecError as err:
+            raise bad_request(str(err), "relaxspec.method", "unknown_method") from None
+        missing = [role for role in spec.needs if getattr(pool.models, role, None) is None]
+        if missing:
+            raise bad_request(
+                f"method {method!r} needs a {missing[0]} model, which this server did not load",
+                "relaxspec.method",
+                "method_unavailable",
+            )
+    try:
+        resolved, _ = pool.resolve(method, params)
+    except RelaxSpecError as err:
+        raise bad_request(str(err), "relaxspec.params", "invalid_parameter") from None
+    return resolved, params
+
+
+def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | ChatCompletionRequest) -> Job:
+    """Validate a parsed request against the model, the server limits and the pool."""
+    if req.model and req.model != config.model_name:
+        raise APIError(
+            404,
+            f"model {req.model!r} not found; this server serves {config.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    _reject_unsupported(req)
+    if isinstance(req, ChatCompletionRequest):
+        endpoint = "chat"
+        prompt: str | list[int] = config.chat_template.render(req.messages)
+        stop = _stops(req.stop, config.chat_template.stop)
+        requested, default = req.max_completion_tokens or req.max_tokens, None
+        names = ("messages", "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+    else:
+        endpoint = "completions"
+        prompt = _completion_prompt(req.prompt)
+        stop = _stops(req.stop)
+        requested, default = req.max_tokens, config.default_max_tokens
+        names = ("prompt", "max_tokens")
+    prompt_tokens = _count_tokens(config, prompt, names[0])
+    max_tokens = _max_tokens(config, requested, prompt_tokens, default, names)
+    method, params = _method(pool, req.relaxspec)
+    try:
+        sampling = SamplingParams(
+            temperature=1.0 if req.temperature is None else float(req.temperature),
+            top_k=req.top_k or 0,
+            top_p=1.0 if req.top_p is None else float(req.top_p),
+            seed=req.seed,
+            max_new_tokens=max_tokens,
+            stop=stop,
+            ignore_eos=bool(req.ignore_eos),
+        )
+    except RelaxSpecError as err:
+        raise bad_request(str(err)) from None
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return Job(endpoint, prompt, prompt_tokens, sampling, method, params, bool(req.stream), include_usage)
+
+
+# ---------------------------------------------------------------------------------------------
+# Response shapes
+
+
+def finish_reason(result: GenerationResult) -> str:
+    """OpenAI's finish reason: "stop" for EOS or a stop string, "length" for the token budget."""
+    return "length" if result.stats.finish_reason == "length" else "stop"
+
+
+def usage(job: Job, result: GenerationResult) -> dict[str, Any]:
+    """OpenAI ``usage`` plus a ``relaxspec`` object with the decoding statistics."""
+    s = result.stats
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": s.new_tokens,
+        "total_tokens": job.prompt_tokens + s.new_tokens,
+        "relaxspec": {
+            "method": job.method,
+            "tau": s.tau,
+            "verifier_calls": s.verifier_calls,
+            "draft_calls": s.draft_calls,
+            "cycles": s.cycles,
+            "proposed_tokens": s.proposed_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "finish_reason": s.finish_reason,
+            "seconds": s.total_seconds,
+        },
+    }
+
+
+@dataclass
+class Shape:
+    """The JSON objects of one response (completion or chat), full or as stream chunks."""
+
+    endpoint: str
+    model: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        prefix = "chatcmpl" if self.endpoint == "chat" else "cmpl"
+        return {"id": f"{prefix}-{self.id}", "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> dict[str, Any]:
+        if self.endpoint == "chat":
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            return {**self._head("chat.completion"), "choices": [choice], "usage": usage_}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice], "usage": usage_}
+
+    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
+        """One stream chunk: a text delta, or the final one (``finish`` set, no text)."""
+        if self.endpoint == "chat":
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, usage_: dict[str, Any]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.endpoint == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage_}
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+class Metrics:
+    """Prometheus metrics of one app (its own registry, so several apps can share a process)."""
+
+    def __init__(self, pool: ServingPool) -> None:
+        self.registry = CollectorRegistry()
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._tokens: dict[str, int] = {}
+        self._verifier_calls: dict[str, int] = {}
+        r = self.registry
+        self.http_requests = Counter(
+            "relaxspec_http_requests",
+            "Generation requests by endpoint and HTTP status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "relaxspec_prompt_tokens", "Prompt tokens of completed requests", ["method"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "relaxspec_completion_tokens", "New tokens of completed requests", ["method"], registry=r
+        )
+        self.verifier_calls = Counter(
+            "relaxspec_verifier_calls",
+            "Verifier forward passes of completed requests",
+            ["method"],
+            registry=r,
+        )
+        self.draft_calls = Counter(
+            "relaxspec_draft_calls", "Proposer forward passes of completed requests", ["method"], registry=r
+        )
+        self.latency = Histogram(
+            "relaxspec_request_latency_seconds",
+            "End-to-end latency of completed requests",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "relaxspec_time_to_first_token_seconds",
+            "Time from request arrival to the first committed token",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        r.register(self)  # collect(): gauges read at scrape time
+
+    def request_done(self, endpoint: str, status: int | str) -> None:
+        self.http_requests.labels(endpoint, str(status)).inc()
+
+    def generation_done(self, job: Job, result: GenerationResult, latency: float, ttft: float | None) -> None:
+        s, m = result.stats, job.method
+        self.prompt_tokens.labels(m).inc(job.prompt_tokens)
+        self.completion_tokens.labels(m).inc(s.new_tokens)
+        self.verifier_calls.labels(m).inc(s.verifier_calls)
+        self.draft_calls.labels(m).inc(s.draft_calls)
+        self.latency.labels(m).observe(latency)
+        if ttft is not None:
+            self.ttft.labels(m).observe(ttft)
+        with self._lock:
+            self._tokens[m] = self._tokens.get(m, 0) + s.new_tokens
+            self._verifier_calls[m] = self._verifier_calls.get(m, 0) + s.verifier_calls
+
+    def collect(self) -> Iterable[Any]:
+        """Gauges and pool counters computed at scrape time."""
+        active = GaugeMetricFamily("relaxspec_active_sequences", "Sequences being decoded now")
+        active.add_metric([], self.pool.active)
+        yield active
+        queued = GaugeMetricFamily("relaxspec_queued_requests", "Requests waiting for a decoding slot")
+        queued.add_metric([], self.pool.waiting)
+        yield queued
+        tau = GaugeMetricFamily(
+            "relaxspec_tau", "Tokens per verifier call (tau) over completed requests", labels=["method"]
+        )
+        with self._lock:
+            for method, tokens in sorted(self._tokens.items()):
+                calls = self._verifier_calls.get(method, 0)
+                tau.add_metric([method], tokens / calls if calls else float(tokens))
+        yield tau
+        outcomes = CounterMetricFamily(
+            "relaxspec_pool_requests", "Requests seen by the serving pool by outcome", labels=["outcome"]
+        )
+        stats = self.pool.stats
+        for outcome in ("completed", "failed", "cancelled", "rejected"):
+            outcomes.add_metric([outcome], getattr(stats, outcome))
+        yield outcomes
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one request on a worker thread
+
+
+class _Done:
+    """Queue sentinel: the worker finished (its result or exception is on the future)."""
+
+
+DONE = _Done()
+
+
+class Run:
+    """One generation on a worker thread, its text chunks bridged to the event loop."""
+
+    def __init__(self, pool: ServingPool, job: Job, executor: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.job = job
+        self.cancel = threading.Event()
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[str | _Done] = asyncio.Queue()
+        self._pending_get: asyncio.Task | None = None
+        self.future = self.loop.run_in_executor(executor, self._work)
+
+    def _put(self, item: str | _Done) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # event loop closed (server shutting down)
+            self.cancel.set()
+
+    def _on_chunk(self, text: str, ids: list[int]) -> None:
+        """Forward committed text; the first chunk always (even without text: EOS, special tokens,
+        text held back), since it tells a waiting stream that decoding has started."""
+        first = self.first_token_at is None
+        if ids and first:
+            self.first_token_at = time.perf_counter()
+        if text or first:
+            self._put(text)
+
+    def _work(self) -> GenerationResult:
+        try:
+            return self.pool.submit(
+                self.job.prompt,
+                self.job.sampling,
+                method=self.job.method,
+                method_params=self.job.method_params,
+                on_chunk=self._on_chunk,
+                cancel=self.cancel,
+            )
+        finally:
+            self._put(DONE)
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started
+
+    async def next_event(self, request: Request | None, poll: float) -> str | _Done:
+        """The next text chunk, or DONE once the worker has finished (``future`` is then done).
+
+        With a ``request``, polls whether its client is still there and cancels the run if not
+        (once a stream has started, Starlette watches for the disconnect instead).
+        """
+        if self._pending_get is None:
+            self._pending_get = asyncio.ensure_future(self.queue.get())
+        while True:
+            done, _ = await asyncio.wait({self._pending_get}, timeout=poll)
+            if done:
+                item = self._pending_get.result()
+                self._pending_get = None
+                if isinstance(item, _Done):
+                    await asyncio.wait({self.future})  # DONE is queued just before the result is set
+                return item
+            if request is not None and not self.cancel.is_set() and await request.is_disconnected():
+                self.cancel.set()
+
+    async def result(self, request: Request, poll: float) -> GenerationResult:
+        """Wait for the whole generation (non-streaming), watching for a client disconnect."""
+        while not self.future.done():
+            done, _ = await asyncio.wait({self.future}, timeout=poll)
+            if not done and not self.cancel.is_set() and await request.is_disconnected():
+                self.cancel.set()
+        return self.future.result()
+
+    def close(self) -> None:
+        """Stop the generation if it is still running (no-op when finished)."""
+        self.cancel.set()
+        if self._pending_get is not None:
+            self._pending_get.cancel()
+            self._pending_get = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The app
+
+
+class Server:
+    """The endpoints' logic over one pool (the FastAPI app holds one as ``app.state.server``)."""
+
+    def __init__(self, pool: ServingPool, config: ServerConfig) -> None:
+        self.pool = pool
+        self.config = config
+        self.metrics = Metrics(pool)
+        workers = pool.max_concurrency + pool.max_queue + max(8, pool.max_concurrency)
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaxspec-request")
+        self.runs: set[Run] = set()
+
+    async def generate(self, request: Request, endpoint: str) -> Response:
+        """Handle one completions/chat request end to end; never raises."""
+        try:
+            job = await self._parse(request, endpoint)
+            run = Run(self.pool, job, self.executor)
+        except APIError as err:
+            self.metrics.request_done(endpoint, err.status)
+            return err.response()
+        except Exception as err:  # a bug in parsing: this request only
+            api = _error_from_exception(err)
+            self.metrics.request_done(endpoint, api.status)
+            return api.response()
+        self.runs.add(run)
+        if job.stream:
+            return await self._stream(request, run)
+        try:
+            return await self._complete(request, run)
+        finally:
+            self._finish(run)
+
+    async def _parse(self, request: Request, endpoint: str) -> Job:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise bad_request(f"the request body is not valid JSON: {err}", code="invalid_json") from None
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object", code="invalid_json")
+        model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+        try:
+            req = model.model_validate(body)
+        except ValidationError as err:
+            raise _validation_error(err) from None
+        return build_job(self.config, self.pool, req)
+
+    async def _complete(self, request: Request, run: Run) -> Response:
+        job = run.job
+        try:
+            result = await run.result(request, self.config.poll_interval)
+        except Exception as err:
+            return self._failure(job, err)
+        self.metrics.generation_done(job, result, time.perf_counter() - run.started, run.ttft)
+        self.metrics.request_done(job.endpoint, 200)
+        shape = Shape(job.endpoint, self.config.model_name)
+        return JSONResponse(shape.full(result.text, finish_reason(result), usage(job, result)))
+
+    async def _stream(self, request: Request, run: Run) -> Response:
+        """Start the SSE stream once the request produced text or finished.
+
+        Waiting for that first event means that an error before any text (a full pool, a prompt
+        the method's models reject) is still answered with a 4xx/5xx status and a JSON body.
+        """
+        try:
+            first = await run.next_event(request, self.config.poll_interval)
+            failed = isinstance(first, _Done) and run.future.exception() is not None
+        except BaseException:
+            self._finish(run)
+            raise
+        if failed:
+            self._finish(run)
+            return self._failure(run.job, run.future.exception())
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(self._events(run, first), media_type="text/event-stream", headers=headers)
+
+    def _finish(self, run: Run) -> None:
+        run.close()
+        self.runs.discard(run)
+
+    def _failure(self, job: Job, err: BaseException) -> Response:
+        """The answer to a request whose generation raised ``err`` (499 if the client left)."""
+        if isinstance(err, Cancelled):
+            self.metrics.request_done(job.endpoint, 499)
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        api = _error_from_exception(err)
+        self.metrics.request_done(job.endpoint, api.status)
+        return api.response()
+
+    async def _events(self, run: Run, first: str | _Done) -> AsyncIterator[str]:
+        """The SSE stream: text deltas, the final chunk (finish reason), usage if asked, [DONE]."""
+        job = run.job
+        shape = Shape(job.endpoint, self.config.model_name)
+        status: int | str = 499  # until the stream completes
+        try:
+            if job.endpoint == "chat":
+                yield sse(shape.chunk("", role=True))
+            item = first
+            while not isinstance(item, _Done):
+                if item:
+                    yield sse(shape.chunk(item))
+                item = await run.next_event(None, self.config.poll_interval)
+            try:
+                result = run.future.result()
+            except Cancelled:
+                return
+            except Exception as err:
+                api = _error_from_exception(err)
+                status = api.status
+                yield sse(api.body())
+                yield sse("[DONE]")
+                return
+            self.metrics.generation_done(job, result, time.perf_counter() - run.started, run.ttft)
+            yield sse(shape.chunk(None, finish_reason(result)))
+            if job.include_usage:
+                yield sse(shape.usage_chunk(usage(job, result)))
+            yield sse("[DONE]")
+            status = 200
+        finally:
+            self._finish(run)
+            self.metrics.request_done(job.endpoint, status)
+
+    def models(self) -> dict[str, Any]:
+        entry = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "relaxspec",
+            "context_length": self.config.context_length,
+            "relaxspec": {"default_method": self.pool.default_method, "methods": self._methods()},
+        }
+        return {"object": "list", "data": [entry]}
+
+    def _methods(self) -> list[str]:
+        """The presets whose models this server loaded."""
+        names = []
+        for name in method_names():
+            if all(getattr(self.pool.models, role, None) is not None for role in get_method(name).needs):
+                names.append(name)
+        return names
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "model": self.config.model_name,
+            "default_method": self.pool.default_method,
+            "active": self.pool.active,
+            "queued": self.pool.waiting,
+            "max_concurrency": self.pool.max_concurrency,
+            "max_queue": self.pool.max_queue,
+        }
+
+    def shutdown(self) -> None:
+        for run in list(self.runs):
+            run.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def create_app(
+    pool: ServingPool,
+    model_name: str,
+    tokenizer: Any,
+    context_length: int,
+    *,
+    max_tokens_cap: int | None = None,
+    default_max_tokens: int = 16,
+    poll_interval: float = 0.2,
+    chat_template: ChatTemplate | None = None,
+) -> FastAPI:
+    """The OpenAI-compatible app over ``pool``.
+
+    ``tokenizer`` and ``context_length`` are those of the served model (prompt length checks);
+    ``max_tokens_cap`` bounds ``max_tokens`` (None: only the context window does);
+    ``default_max_tokens`` is the completions default (OpenAI's is 16; chat defaults to the room
+    left in the context, within the cap); ``poll_interval`` is how often a waiting request checks
+    whether its client is still connected.
+    """
+    disable_created_metrics()  # no *_created series next to every counter (process-wide setting)
+    if context_length < 2:
+        raise RelaxSpecError(f"context_length must be >= 2, got {context_length}")
+    if max_tokens_cap is not None and max_tokens_cap < 1:
+        raise RelaxSpecError(f"max_tokens_cap must be >= 1, got {max_tokens_cap}")
+    if default_max_tokens < 1:
+        raise RelaxSpecError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    config = ServerConfig(
+        model_name,
+        tokenizer,
+        context_length,
+        max_tokens_cap,
+        default_max_tokens,
+        poll_interval,
+        chat_template or ChatTemplate(),
+    )
+    server = Server(pool, config)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        server.shutdown()
+
+    app = FastAPI(title="relaxspec", version="0.1.0", lifespan=lifespan)
+    app.state.server = server
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return APIError(exc.status_code, str(exc.detail), param=None, code=code).response()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        """OpenAI text completions (``prompt``), optionally streamed."""
+        return await server.generate(request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        """OpenAI chat completions (``messages`` rendered with the plain-text chat template)."""
+        return await server.generate(request, "chat")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return server.models()
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return server.health()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading models for `relaxspec serve`
+
+
+def load_serving_models(
+    method: str, paths: dict[str, str | Path | None], extra_roles: bool = True
+) -> ModelSet:
+    """The models ``relaxspec serve`` holds.
+
+    The default method's models are required (a given directory or the bundled one); models of
+    other roles are loaded from a given directory, or, with ``extra_roles``, from the bundled one
+    when it exists, so that requests can switch to the methods that use them. A bundled extra
+    model that fails to load is skipped with a warning.
+    """
+    spec = get_method(method)
+    models = ModelSet()
+    for role, loader in ROLE_LOADERS.items():
+        required = role in spec.needs
+        given = paths.get(role)
+        if given is not None:
+            setattr(models, role, loader(Path(given)))
+            continue
+        if not (required or extra_roles or role in spec.optional):
+            continue
+        if not bundled(role).exists():
+            if required:
+                raise RelaxSpecError(
+                    f"method {method!r} needs a {role} model: pass --{role} DIR "
+                    f"(no bundled model at {bundled(role)})"
+                )
+            continue
+        try:
+            setattr(models, role, loader(bundled(role)))
+        except RelaxSpecError as err:
+            if required:
+                raise
+            log.warning("skipping the bundled %s model: %s", role, err)
+    return models
+
+
+def serving_tokenizer_and_context(models: ModelSet, method: str) -> tuple[Any, int]:
+    """The tokenizer prompts are counted with (the default method's first model's) and the
+    context window requests are checked against (the smallest of the loaded models')."""
+    loaded = [m for m in (getattr(models, role) for role in ROLE_LOADERS) if isinstance(m, LoadedModel)]
+    primary = [getattr(models, role) for role in get_method(method).needs]
+    primary = [m for m in primary if isinstance(m, LoadedModel)]
+    if not primary:
+        raise RelaxSpecError(f"method {method!r} has no loaded Hugging Face model to take a tokenizer from")
+    return primary[0].tokenizer, min(m.context_length for m in loaded)
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving in-process
+
+
+class BackgroundServer:
+    """Run an app with uvicorn on a loopback port in a daemon thread (tests, notebooks).
+
+    ``with BackgroundServer(app) as url: ...`` binds a free port (``port=0``) before starting, so
+    ``url`` is usable as soon as the block starts; leaving the block shuts the server down.
+    """
+
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    ) -> None:
+        import uvicorn
+
+        self.host = host
+        self.port = port
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> str:
+        import socket
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = int(sock.getsockname()[1])
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True, name="relaxspec-server"
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RelaxSpecError(f"the server did not start on {self.url}")
+            time.sleep(0.01)
+        return self.url
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
