@@ -1,2 +1,2 @@
-"""Training code for the bundled model family (DESIGN §5): tokenizer, AR models, and the loop
-the block-proposer and diffusion trainings reuse."""
+"""Training the bundled model family (DESIGN §5): tokenizer, the shared Accelerate loop, AR models,
+drafter distillation, the block proposer, the diffusion drafter, survival signals; model cards."""
