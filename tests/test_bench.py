@@ -10,7 +10,7 @@ import torch
 
 from relaxspec.acceptance import Verdict
 from relaxspec.data.mathgen import extract_answer
-from relaxspec.engine.loop import CycleRecord, GenerationStats
+from relaxspec.engine import CycleRecord, GenerationStats
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import diagnostics

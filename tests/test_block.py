@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.loop import Engine
+from relaxspec.engine import Engine
 from relaxspec.engine.proposers.block import BlockProposer
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine

@@ -7,7 +7,7 @@ import torch
 
 from relaxspec.acceptance import Exact, Lenience, Nucleus
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.loop import Engine
+from relaxspec.engine import Engine
 from relaxspec.engine.proposers import DraftModel
 from relaxspec.methods import build_engine
 
@@ -133,3 +133,19 @@ def test_stats_are_consistent(target, draft):
     assert s.accepted_by_relaxation <= s.accepted_tokens
     assert s.total_seconds >= s.draft_seconds + s.verify_seconds
     assert s.to_dict()["tau"] == pytest.approx(s.tau)
+
+
+def test_tau_is_defined_once_and_merge_sums_every_counter():
+    from relaxspec.engine import GenerationStats, tau
+
+    assert tau(12, 4) == 3.0  # tokens per verifier call
+    assert tau(12, 0, cycles=6) == 2.0  # verifier-free (mars): tokens per cycle
+    assert tau(0, 0) == 0.0
+    a = GenerationStats(new_tokens=6, cycles=2, verifier_calls=2, position_proposed=[2, 2], position_accepted=[2, 1])
+    b = GenerationStats(new_tokens=3, cycles=1, verifier_calls=1, position_proposed=[1, 1, 1], position_accepted=[1])
+    total = a.merge(b)
+    assert (total.new_tokens, total.verifier_calls, total.tau) == (9, 3, 3.0)
+    assert total.position_proposed == [3, 3, 1] and total.position_accepted == [3, 1]
+    assert (total.proposed_tokens, total.accepted_tokens) == (7, 4)  # derived from the position lists
+    d = total.to_dict()
+    assert d["tau"] == 3.0 and d["proposed_tokens"] == 7 and d["accepted_tokens"] == 4

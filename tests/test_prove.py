@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.loop import CycleRecord
+from relaxspec.engine import CycleRecord
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.prove_diagnostics import (
     analyze_cycles,

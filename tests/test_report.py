@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relaxspec.engine.loop import GenerationStats
+from relaxspec.engine import GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.report import hf_comparisons, render_report, sweeps
 from relaxspec.eval.reproduce import EXPERIMENTS, Experiment, plan_experiment, usable_methods, usable_sets
@@ -25,8 +25,6 @@ def _record(method: str, params: dict, example: str, tokens: int, seconds: float
             cycles=calls,
             verifier_calls=calls,
             draft_calls=0 if method == "ar" else 4 * calls,
-            proposed_tokens=0 if method == "ar" else 4 * calls,
-            accepted_tokens=0 if method == "ar" else 2 * calls,
             position_proposed=[] if method == "ar" else [calls] * 4,
             position_accepted=[] if method == "ar" else [calls, calls // 2, calls // 3, 0],
             draft_seconds=0.0 if method == "ar" else seconds / 3,

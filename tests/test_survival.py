@@ -270,7 +270,7 @@ def test_survival_for_another_drafter_is_refused(tiny_dirs, target, tokenizer, f
 
 
 def test_break_even_from_strict_stats():
-    from relaxspec.engine.loop import GenerationStats
+    from relaxspec.engine import GenerationStats
     from relaxspec.engine.survival import break_even_from_stats
 
     s = GenerationStats(new_tokens=25, cycles=10, verifier_calls=10, draft_seconds=10.0, verify_seconds=40.0)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
-from relaxspec.engine.loop import Engine
+from relaxspec.engine import Engine
 from relaxspec.engine.proposers.block import BlockProposer, trained_block_size
 from relaxspec.engine.proposers.diffusion import REVEAL_ORDERS, DiffusionProposer, load_diffusion
 from relaxspec.engine.proposers.draft_model import DraftModel

@@ -2,6 +2,7 @@
 signals, request batching, and the one loop propose → schedule → verify → rule → commit (DESIGN §4).
 It builds on :mod:`relaxspec.core` (the rules) and loads no model by itself."""
 
-from relaxspec.engine.loop import CycleRecord, Engine, GenerationResult, GenerationStats
+from relaxspec.engine.loop import CycleRecord, Engine
+from relaxspec.engine.stats import GenerationResult, GenerationStats, tau
 
-__all__ = ["CycleRecord", "Engine", "GenerationResult", "GenerationStats"]
+__all__ = ["CycleRecord", "Engine", "GenerationResult", "GenerationStats", "tau"]

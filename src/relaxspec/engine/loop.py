@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -26,6 +26,7 @@ from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.proposers.base import Proposal, Proposer
 from relaxspec.engine.schedulers import Scheduler, SchedulerState, Strict
+from relaxspec.engine.stats import GenerationResult, GenerationStats
 from relaxspec.engine.verifier import Verifier
 from relaxspec.errors import RelaxSpecError
 
@@ -54,141 +55,6 @@ class CycleRecord:
 
 
 CycleCallback = Callable[[CycleRecord], None]
-
-
-@dataclass
-class GenerationStats:
-    """Counters of one generation (or, merged, of a benchmark cell).
-
-    ``position_proposed[i]`` / ``position_accepted[i]``: how often draft position i+1 was verified
-    and how often it was accepted (vLLM's per-position acceptance). ``accepted_by_relaxation``:
-    accepted draft tokens beyond the prefix the ``Exact`` rule would have accepted under the same
-    uniforms (greedy rules: beyond the argmax-matching prefix) — the tokens a relaxed rule gains.
-
-    Shadow audit of skipped rounds (VS paper §3; ``Engine(shadow=...)``): ``shadow_rounds`` skipped
-    rounds audited, ``shadow_agreed_tokens`` = Σ min(K_b, L_b) and ``shadow_full_prefix`` = #{L_b ≥ K_b}
-    over them (K_b committed unverified, L_b what strict verification accepts). ``shadow_seconds``
-    is excluded from ``total_seconds`` and the shadow's calls from ``verifier_calls``.
-    """
-
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    cycles: int = 0
-    verifier_calls: int = 0
-    draft_calls: int = 0
-    proposed_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_by_relaxation: int = 0
-    skipped_rounds: int = 0
-    skipped_tokens: int = 0
-    shadow_rounds: int = 0
-    shadow_agreed_tokens: int = 0
-    shadow_full_prefix: int = 0
-    position_proposed: list[int] = field(default_factory=list)
-    position_accepted: list[int] = field(default_factory=list)
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-    total_seconds: float = 0.0
-    shadow_seconds: float = 0.0
-    finish_reason: str = ""
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens emitted per verifier call (DESIGN §1).
-
-        A method without a verifier (``mars``) reports tokens committed per cycle instead, the
-        same "tokens per expensive forward" (its one forward per cycle is the proposer's).
-        """
-        if self.verifier_calls:
-            return self.new_tokens / self.verifier_calls
-        return self.new_tokens / self.cycles if self.cycles else float(self.new_tokens)
-
-    @property
-    def other_seconds(self) -> float:
-        return max(0.0, self.total_seconds - self.draft_seconds - self.verify_seconds)
-
-    @property
-    def strict_agreement(self) -> float | None:
-        """Share of committed draft tokens strict verification accepts (None: unaudited skips)."""
-        if self.shadow_rounds < self.skipped_rounds:
-            return None
-        committed = self.accepted_tokens + self.skipped_tokens
-        return (self.accepted_tokens + self.shadow_agreed_tokens) / committed if committed else 1.0
-
-    @property
-    def full_prefix_acceptance(self) -> float | None:
-        """Share of rounds whose whole committed prefix strict verification accepts (None: unaudited)."""
-        if self.shadow_rounds < self.skipped_rounds:
-            return None
-        verified = self.cycles - self.skipped_rounds
-        return (verified + self.shadow_full_prefix) / self.cycles if self.cycles else 1.0
-
-    @property
-    def position_acceptance(self) -> list[float]:
-        return [
-            a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed, strict=True)
-        ]
-
-    def record_positions(self, proposed: int, accepted: int) -> None:
-        grow = proposed - len(self.position_proposed)
-        if grow > 0:
-            self.position_proposed += [0] * grow
-            self.position_accepted += [0] * grow
-        for i in range(proposed):
-            self.position_proposed[i] += 1
-        for i in range(accepted):
-            self.position_accepted[i] += 1
-
-    def merge(self, other: GenerationStats) -> GenerationStats:
-        """Sum of two stats (per-position lists added element-wise)."""
-        out = GenerationStats()
-        for name in (
-            "prompt_tokens",
-            "new_tokens",
-            "cycles",
-            "verifier_calls",
-            "draft_calls",
-            "proposed_tokens",
-            "accepted_tokens",
-            "accepted_by_relaxation",
-            "skipped_rounds",
-            "skipped_tokens",
-            "shadow_rounds",
-            "shadow_agreed_tokens",
-            "shadow_full_prefix",
-            "draft_seconds",
-            "verify_seconds",
-            "total_seconds",
-            "shadow_seconds",
-        ):
-            setattr(out, name, getattr(self, name) + getattr(other, name))
-        n = max(len(self.position_proposed), len(other.position_proposed))
-        pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
-        out.position_proposed = [
-            a + b for a, b in zip(pad(self.position_proposed), pad(other.position_proposed), strict=True)
-        ]
-        out.position_accepted = [
-            a + b for a, b in zip(pad(self.position_accepted), pad(other.position_accepted), strict=True)
-        ]
-        return out
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(
-            tau=self.tau,
-            other_seconds=self.other_seconds,
-            position_acceptance=self.position_acceptance,
-            strict_agreement=self.strict_agreement,
-            full_prefix_acceptance=self.full_prefix_acceptance,
-        )
-        return d
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    tokens: list[int]  # generated token ids (no prompt, no EOS)
-    stats: GenerationStats
 
 
 def _now(device: torch.device) -> float:
@@ -443,8 +309,6 @@ class Engine:
         chunk = proposal.tokens[0, :accepted].tolist()
         if int(verdict.next_token[0]) >= 0:
             chunk.append(int(verdict.next_token[0]))
-        stats.proposed_tokens += k
-        stats.accepted_tokens += accepted
         if verdict.exact_accepted is not None:
             stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
         stats.record_positions(k, accepted)

@@ -400,7 +400,7 @@ def break_even_skip_length(
 
 
 def break_even_from_stats(stats: object, prefill_seconds_per_token: float = 0.0) -> float:
-    """K* from a *strict* run's :class:`~relaxspec.engine.loop.GenerationStats` (merged over prompts).
+    """K* from a *strict* run's :class:`~relaxspec.engine.stats.GenerationStats` (merged over prompts).
 
     ``c_d`` = draft seconds per round, ``c_v`` = verify seconds per verifier call, ``τ_s`` = tokens
     per strict round (τ). Measure on Strict SDD with the same (γ, S) as the skipping run.

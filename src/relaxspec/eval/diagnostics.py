@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from relaxspec.core.acceptance import nucleus_mask
-from relaxspec.engine.loop import CycleRecord
+from relaxspec.engine import CycleRecord
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.prove_diagnostics import (
     ar_argmax_along,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from relaxspec.engine.loop import CycleRecord
+from relaxspec.engine import CycleRecord
 from relaxspec.errors import RelaxSpecError
 
 

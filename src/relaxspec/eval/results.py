@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from relaxspec.engine.loop import GenerationStats
+from relaxspec.engine import GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import diagnostics
 from relaxspec.eval.peers import family, is_peer, runner_params

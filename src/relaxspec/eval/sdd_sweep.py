@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.loop import Engine
+from relaxspec.engine import Engine, GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import LoadedModel
@@ -46,20 +46,15 @@ def training_prompts(
 
 
 def _run(engine: Engine, prompts: list[str], params: SamplingParams) -> dict[str, float]:
-    tokens = calls = draft_calls = 0
-    seconds = 0.0
+    total = GenerationStats()
     for prompt in prompts:
-        s = engine.generate(prompt, params).stats
-        tokens += s.new_tokens
-        calls += s.verifier_calls
-        draft_calls += s.draft_calls
-        seconds += s.total_seconds
+        total = total.merge(engine.generate(prompt, params).stats)
     return {
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / max(seconds, 1e-9),
-        "tau": tokens / max(calls, 1),
-        "draft_calls_per_token": draft_calls / max(tokens, 1),
+        "tokens": total.new_tokens,
+        "seconds": total.total_seconds,
+        "tokens_per_s": total.new_tokens / max(total.total_seconds, 1e-9),
+        "tau": total.tau,
+        "draft_calls_per_token": total.draft_calls / max(total.new_tokens, 1),
     }
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from relaxspec.engine.stats import tau
 from relaxspec.errors import RelaxSpecError
 
 LOOPBACK = "127.0.0.1"
@@ -53,6 +54,7 @@ class RequestRecord:
     ttft: float | None = None
     completion_tokens: int = 0
     verifier_calls: int = 0
+    cycles: int = 0
     error: str | None = None
 
 
@@ -120,6 +122,7 @@ def summarize(
     ok = [r for r in records if r.ok]
     tokens = sum(r.completion_tokens for r in ok)
     calls = sum(r.verifier_calls for r in ok)
+    cycles = sum(r.cycles for r in ok)
     latencies = [r.latency for r in ok]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     errors = list(dict.fromkeys(r.error for r in records if not r.ok and r.error))[:5]
@@ -135,7 +138,7 @@ def summarize(
         latency_p99=percentile(latencies, 99),
         ttft_p50=percentile(ttfts, 50),
         ttft_p99=percentile(ttfts, 99),
-        tau=tokens / calls if calls else None,
+        tau=tau(tokens, calls, cycles) if calls or cycles else None,  # None: the server reports no calls
         errors=errors,
     )
 
@@ -186,7 +189,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
     """Send one streamed completion; time the first text chunk and the end."""
     start = time.perf_counter()
     ttft: float | None = None
-    tokens = calls = 0
+    tokens = calls = cycles = 0
     done = False
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
@@ -209,13 +212,14 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
                     ttft = time.perf_counter() - start
                 if event.get("usage"):
                     tokens = int(event["usage"]["completion_tokens"])
-                    calls = int(event["usage"].get("relaxspec", {}).get("verifier_calls", 0))
+                    decoding = event["usage"].get("relaxspec", {})
+                    calls, cycles = int(decoding.get("verifier_calls", 0)), int(decoding.get("cycles", 0))
     except (httpx.HTTPError, json.JSONDecodeError) as err:
         return RequestRecord(False, time.perf_counter() - start, error=f"{type(err).__name__}: {err}")
     latency = time.perf_counter() - start
     if not done:
         return RequestRecord(False, latency, ttft, error="the stream ended without [DONE]")
-    return RequestRecord(True, latency, ttft, tokens, calls)
+    return RequestRecord(True, latency, ttft, tokens, calls, cycles)
 
 
 async def run_level(

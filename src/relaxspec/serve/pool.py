@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine import GenerationResult
 from relaxspec.engine.batching import Batcher
-from relaxspec.engine.loop import GenerationResult
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
 

@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.loop import GenerationResult
+from relaxspec.engine import GenerationResult, GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, method_names
 from relaxspec.models import LoadedModel, bundled
@@ -528,8 +528,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.pool = pool
         self._lock = threading.Lock()
-        self._tokens: dict[str, int] = {}
-        self._verifier_calls: dict[str, int] = {}
+        self._totals: dict[str, GenerationStats] = {}  # per method, over completed requests
         r = self.registry
         self.http_requests = Counter(
             "relaxspec_http_requests",
@@ -581,8 +580,7 @@ class Metrics:
         if ttft is not None:
             self.ttft.labels(m).observe(ttft)
         with self._lock:
-            self._tokens[m] = self._tokens.get(m, 0) + s.new_tokens
-            self._verifier_calls[m] = self._verifier_calls.get(m, 0) + s.verifier_calls
+            self._totals[m] = self._totals.get(m, GenerationStats()).merge(s)
 
     def collect(self) -> Iterable[Any]:
         """Gauges and pool counters computed at scrape time."""
@@ -596,9 +594,8 @@ class Metrics:
             "relaxspec_tau", "Tokens per verifier call (tau) over completed requests", labels=["method"]
         )
         with self._lock:
-            for method, tokens in sorted(self._tokens.items()):
-                calls = self._verifier_calls.get(method, 0)
-                tau.add_metric([method], tokens / calls if calls else float(tokens))
+            for method, total in sorted(self._totals.items()):
+                tau.add_metric([method], total.tau)
         yield tau
         outcomes = CounterMetricFamily(
             "relaxspec_pool_requests", "Requests seen by the serving pool by outcome", labels=["outcome"]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.loop import CycleRecord, Engine
+from relaxspec.engine import CycleRecord, Engine
 from relaxspec.engine.survival import (
     KINDS,
     SurvivalConfig,
