@@ -141,8 +141,10 @@ def test_tau_is_defined_once_and_merge_sums_every_counter():
     assert tau(12, 4) == 3.0  # tokens per verifier call
     assert tau(12, 0, cycles=6) == 2.0  # verifier-free (mars): tokens per cycle
     assert tau(0, 0) == 0.0
-    a = GenerationStats(new_tokens=6, cycles=2, verifier_calls=2, position_proposed=[2, 2], position_accepted=[2, 1])
-    b = GenerationStats(new_tokens=3, cycles=1, verifier_calls=1, position_proposed=[1, 1, 1], position_accepted=[1])
+    a = GenerationStats(new_tokens=6, cycles=2, verifier_calls=2)
+    a.position_proposed, a.position_accepted = [2, 2], [2, 1]
+    b = GenerationStats(new_tokens=3, cycles=1, verifier_calls=1)
+    b.position_proposed, b.position_accepted = [1, 1, 1], [1]
     total = a.merge(b)
     assert (total.new_tokens, total.verifier_calls, total.tau) == (9, 3, 3.0)
     assert total.position_proposed == [3, 3, 1] and total.position_accepted == [3, 1]
