@@ -144,10 +144,10 @@ def test_tau_is_defined_once_and_merge_sums_every_counter():
     a = GenerationStats(new_tokens=6, cycles=2, verifier_calls=2)
     a.position_proposed, a.position_accepted = [2, 2], [2, 1]
     b = GenerationStats(new_tokens=3, cycles=1, verifier_calls=1)
-    b.position_proposed, b.position_accepted = [1, 1, 1], [1]
+    b.position_proposed, b.position_accepted = [1, 1, 1], [1, 0, 0]
     total = a.merge(b)
     assert (total.new_tokens, total.verifier_calls, total.tau) == (9, 3, 3.0)
-    assert total.position_proposed == [3, 3, 1] and total.position_accepted == [3, 1]
+    assert total.position_proposed == [3, 3, 1] and total.position_accepted == [3, 1, 0]
     assert (total.proposed_tokens, total.accepted_tokens) == (7, 4)  # derived from the position lists
     d = total.to_dict()
     assert d["tau"] == 3.0 and d["proposed_tokens"] == 7 and d["accepted_tokens"] == 4
