@@ -37,15 +37,10 @@ MaxMinutesOpt = Annotated[
 TrainSetOpt = Annotated[list[str] | None, typer.Option("--set", help="training option override name=value")]
 
 
-def _model_dir(path: Path | None, name: str) -> Path:
-    from relaxspec.models import bundled
+def _model_dir(path: Path | None, role: str) -> Path:
+    from relaxspec.models import model_dir
 
-    if path is not None:
-        return path
-    default = bundled(name)
-    if not (default / "config.json").is_file():
-        raise RelaxSpecError(f"no --{name} given and no bundled model at {default}")
-    return default
+    return model_dir(role, path)
 
 
 def _method_params(**given: Any) -> dict[str, Any]:

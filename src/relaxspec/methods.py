@@ -22,7 +22,7 @@ from relaxspec.engine.proposers.draft_model import DraftModel
 from relaxspec.engine.schedulers import ConfidenceSkip, Periodic, RawConfidence, Scheduler, Signal, Strict
 from relaxspec.engine.survival import ConditionalSurvival, MarginalSurvival, SurvivalPredictor
 from relaxspec.errors import RelaxSpecError
-from relaxspec.models import LoadedModel, bundled, check_compatible, check_same_tokenizer, load_model
+from relaxspec.models import LoadedModel, check_compatible, check_same_tokenizer, load_model, model_dir
 
 MODEL_ROLES = ("target", "draft", "block", "diffusion", "survival")
 
@@ -481,22 +481,22 @@ ROLE_LOADERS: dict[str, Callable[[Path], Any]] = {
 }
 
 
+def load_role(role: str, path: Path) -> Any:
+    """A model of ``role`` loaded from ``path`` with that role's loader."""
+    if role not in ROLE_LOADERS:
+        raise RelaxSpecError(f"no loader for {role} models (roles: {', '.join(ROLE_LOADERS)})")
+    return ROLE_LOADERS[role](path)
+
+
 def load_models(method: str, paths: dict[str, str | Path | None] | None = None) -> ModelSet:
     """Load the models ``method`` needs: from ``paths[role]`` or the bundled ``models/<role>``."""
     spec = get_method(method)
     paths = paths or {}
     models = ModelSet()
     for role in spec.needs:
-        path = paths.get(role)
-        if path is None:
-            path = bundled(role)
-            if not path.exists():
-                raise RelaxSpecError(
-                    f"method {method!r} needs a {role} model: pass --{role} DIR (no bundled model at {path})"
-                )
-        setattr(models, role, ROLE_LOADERS[role](Path(path)))
+        setattr(models, role, load_role(role, model_dir(role, paths.get(role), f"method {method!r}")))
     for role in spec.optional:
-        path = paths.get(role) or (bundled(role) if bundled(role).exists() else None)
+        path = model_dir(role, paths.get(role), required=False)
         if path is not None:
-            setattr(models, role, ROLE_LOADERS[role](Path(path)))
+            setattr(models, role, load_role(role, path))
     return models

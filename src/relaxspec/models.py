@@ -21,6 +21,26 @@ def bundled(name: str) -> Path:
     return BUNDLED_DIR / name
 
 
+def model_dir(
+    role: str, given: str | Path | None = None, needed_by: str = "", required: bool = True
+) -> Path | None:
+    """Where the ``role`` model lives: the ``given`` directory, else the bundled ``models/<role>``.
+
+    The one resolver behind the CLI, the method presets, the benchmark and the server. A missing
+    required model is one clear error naming the flag (``needed_by`` says who needs it); a missing
+    optional one is None. A given directory is returned as is: its loader reports what is wrong.
+    """
+    if given is not None:
+        return Path(given)
+    path = bundled(role)
+    if path.exists():
+        return path
+    if not required:
+        return None
+    who = f"{needed_by} needs a {role} model" if needed_by else f"no {role} model given"
+    raise RelaxSpecError(f"{who}: pass --{role} DIR (no bundled model at {path})")
+
+
 @dataclass
 class LoadedModel:
     model: PreTrainedModel

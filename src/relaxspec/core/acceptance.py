@@ -29,6 +29,7 @@ from torch import Tensor
 from relaxspec.errors import require
 
 __all__ = [
+    "NO_TOKEN",
     "AcceptanceRule",
     "Exact",
     "Gate",
@@ -45,6 +46,9 @@ __all__ = [
     "residual_distribution",
     "verify",
 ]
+
+# ``Verdict.next_token`` where the rule emits no token (Gate): vLLM's PLACEHOLDER_TOKEN_ID.
+NO_TOKEN = -1
 
 # Rows of a probability tensor must sum to 1 within this tolerance. Loose enough for bf16
 # softmax outputs, tight enough to catch logits or unnormalised scores passed by mistake.
@@ -328,7 +332,7 @@ class Gate(Rule):
     """ProVe product gate: accept the prefix while ``q_i(d_i)·p_i(d_i) ≥ θ``; ``d_1`` always.
 
     ``q_i(d_i)`` is the proposer's probability of its own token. Emits no next token
-    (``next_token = −1``). ``θ ≥ 0``; ``θ = 0`` accepts everything, ``θ > 1`` only ``d_1``.
+    (``next_token = NO_TOKEN``). ``θ ≥ 0``; ``θ = 0`` accepts everything, ``θ > 1`` only ``d_1``.
     """
 
     theta: float
@@ -359,7 +363,7 @@ class Verdict:
 
     accepted: [B] long, accepted prefix length in 0..K.
     next_token: [B] long, recovered token if ``accepted < K``, bonus token if ``accepted == K``,
-        −1 where the rule emits none (Gate).
+        :data:`NO_TOKEN` where the rule emits none (Gate).
     accept_mask: [B, K] bool, per-position decisions before the prefix cut (positions after the
         first rejection were decided with their own uniforms but are not committed).
     exact_accepted: [B] long, the prefix length the strict rule gives on the same draws — Exact
@@ -377,6 +381,13 @@ class Verdict:
     def __iter__(self) -> Iterator[Tensor]:
         yield self.accepted
         yield self.next_token
+
+    def emitted(self, draft_tokens: Tensor, row: int = 0) -> list[int]:
+        """The tokens row ``row`` commits: its accepted draft prefix, then the next token unless
+        it is :data:`NO_TOKEN` (the one place the placeholder is stripped)."""
+        accepted, next_token = int(self.accepted[row]), int(self.next_token[row])
+        tokens = draft_tokens[row, :accepted].tolist()
+        return tokens if next_token == NO_TOKEN else [*tokens, next_token]
 
 
 def residual_distribution(p: Tensor, q: Tensor, h: Tensor) -> Tensor:
@@ -529,7 +540,7 @@ def _verify_gate(rule: Gate, tokens: Tensor, q: Tensor, p: Tensor) -> Verdict:
     accepted = _prefix_length(mask)
     return Verdict(
         accepted=accepted,
-        next_token=torch.full_like(accepted, -1),
+        next_token=torch.full_like(accepted, NO_TOKEN),
         accept_mask=mask,
         exact_accepted=_prefix_length(_argmax_match(tokens, p)),
     )

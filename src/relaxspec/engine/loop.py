@@ -306,9 +306,7 @@ class Engine:
             run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
         )
         accepted = int(verdict.accepted[0])
-        chunk = proposal.tokens[0, :accepted].tolist()
-        if int(verdict.next_token[0]) >= 0:
-            chunk.append(int(verdict.next_token[0]))
+        chunk = verdict.emitted(proposal.tokens)
         if verdict.exact_accepted is not None:
             stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
         stats.record_positions(k, accepted)

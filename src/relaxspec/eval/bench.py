@@ -52,8 +52,8 @@ from relaxspec.eval.results import (
     references,
     write_outputs,
 )
-from relaxspec.methods import ROLE_LOADERS, ModelSet, build_engine, get_method
-from relaxspec.models import bundled
+from relaxspec.methods import ModelSet, build_engine, get_method, load_role
+from relaxspec.models import bundled, model_dir
 
 # ---------------------------------------------------------------------------------------------
 # The grid
@@ -275,28 +275,19 @@ def model_paths(cells: Iterable[Cell], paths: dict[str, str | Path | None]) -> d
     cells = list(cells)
     out: dict[str, Path] = {}
     for role in dict.fromkeys(r for c in cells for r in runner_needs(c.method)):
-        path = Path(paths.get(role) or bundled(role))
-        if not path.exists():
-            raise RelaxSpecError(
-                f"the grid needs a {role} model: pass --{role} DIR or --model {role}=DIR "
-                f"(no bundled model at {path})"
-            )
-        out[role] = path
+        out[role] = model_dir(role, paths.get(role), "the grid")
     for role in dict.fromkeys(r for c in cells for r in runner_optional(c.method)):
-        path = Path(paths.get(role) or bundled(role))
-        if role not in out and path.exists():
+        path = model_dir(role, paths.get(role), required=False)
+        if role not in out and path is not None:
             out[role] = path
     return out
 
 
 def load_role_models(paths: dict[str, Path]) -> ModelSet:
-    """Each role once, with the loader its proposer module registered."""
+    """Each role once, with its role's loader."""
     models = ModelSet()
     for role, path in paths.items():
-        loader = ROLE_LOADERS.get(role)
-        if loader is None:
-            raise RelaxSpecError(f"no loader for {role} models is registered")
-        setattr(models, role, loader(path))
+        setattr(models, role, load_role(role, path))
     return models
 
 

@@ -54,8 +54,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import GenerationResult, GenerationStats
 from relaxspec.errors import RelaxSpecError
-from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, method_names
-from relaxspec.models import LoadedModel, bundled
+from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, load_role, method_names
+from relaxspec.models import LoadedModel, model_dir
 from relaxspec.serve.pool import Cancelled, Overloaded, ServingPool
 
 log = logging.getLogger("relaxspec.serve.server")
@@ -953,23 +953,19 @@ def load_serving_models(
     """
     spec = get_method(method)
     models = ModelSet()
-    for role, loader in ROLE_LOADERS.items():
+    for role in ROLE_LOADERS:
         required = role in spec.needs
         given = paths.get(role)
         if given is not None:
-            setattr(models, role, loader(Path(given)))
+            setattr(models, role, load_role(role, Path(given)))
             continue
         if not (required or extra_roles or role in spec.optional):
             continue
-        if not bundled(role).exists():
-            if required:
-                raise RelaxSpecError(
-                    f"method {method!r} needs a {role} model: pass --{role} DIR "
-                    f"(no bundled model at {bundled(role)})"
-                )
+        path = model_dir(role, None, f"method {method!r}", required=required)
+        if path is None:
             continue
         try:
-            setattr(models, role, loader(bundled(role)))
+            setattr(models, role, load_role(role, path))
         except RelaxSpecError as err:
             if required:
                 raise
