@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from relaxspec.core.sampling import check_finite
-from relaxspec.engine.kv import CachedLM, lm_factory
+from relaxspec.engine.kv import CachedLM, lm_factory, model_logits
 
 
 @dataclass
@@ -169,17 +169,10 @@ class SharedCache:
             input_ids[b, :n] = req.tokens[0]
             new_valid[b, :n] = True
             new_pos[b, :n] = row.length + torch.arange(n)
-        device = self.model.device
         attention = torch.cat([self.valid, new_valid], dim=1).long()
-        position_ids = new_pos.clamp(min=0)
-        out = self.model(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            position_ids=position_ids.to(device),
-            cache=self.cache,
-            use_cache=True,
+        logits = model_logits(
+            self.model, input_ids, self.cache, attention_mask=attention, position_ids=new_pos.clamp(min=0)
         )
-        logits = out.logits.float()
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.position = torch.cat([self.position, new_pos], dim=1)
         for b, row in enumerate(self.rows):
@@ -341,8 +334,7 @@ class Batcher:
     def _prefill(self, shared: SharedCache, req: _Request) -> None:
         single = DynamicCache(config=req.row.model.config)
         n = req.tokens.shape[1]
-        out = req.row.model(input_ids=req.tokens.to(req.row.model.device), cache=single, use_cache=True)
-        logits = out.logits.float()
+        logits = model_logits(req.row.model, req.tokens, single)
         keep = n if req.keep == 0 else min(req.keep, n)
         req.result = logits[:, n - keep :]
         shared.insert(req.row, single, n)

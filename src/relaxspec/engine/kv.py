@@ -20,6 +20,24 @@ from relaxspec.core.sampling import check_finite
 from relaxspec.errors import RelaxSpecError
 
 
+def model_logits(
+    model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int = 0, **inputs
+) -> torch.Tensor:
+    """One forward of ``model`` over ``input_ids[B, T]`` that extends ``cache`` by T positions.
+
+    Returns float32 logits ``[B, T', V]`` (``T' = logits_to_keep`` last positions, or T if 0).
+    ``inputs`` are passed through (``attention_mask``, ``position_ids`` for batched rows). The
+    one place a model is called for decoding: :class:`CachedLM`, the batched cache and its
+    prefill all go through here.
+    """
+    device = model.device
+    inputs = {name: x.to(device) for name, x in inputs.items()}
+    out = model(
+        input_ids=input_ids.to(device), cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **inputs
+    )
+    return out.logits.float()
+
+
 class CachedLM:
     """``model`` plus a ``DynamicCache`` over the first ``length`` tokens of one sequence."""
 
@@ -52,12 +70,9 @@ class CachedLM:
         """
         n_new = tokens.shape[1]
         self._check_room(n_new)
-        out = self.model(
-            input_ids=tokens.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep
-        )
+        logits = model_logits(self.model, tokens, self.cache, logits_to_keep)
         self.calls += 1
         self.length += n_new
-        logits = out.logits.float()
         check_finite(logits, f"the {self.name}")
         return logits
 
