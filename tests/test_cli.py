@@ -132,3 +132,14 @@ def test_latency_context_too_long(model_dirs):
     r = run_cli("latency", "--model", str(target), "--context", "100000")
     assert r.returncode != 0
     assert "context window" in r.stderr
+
+
+def test_method_flags_come_from_the_presets():
+    # Every flag the engine-building commands share is a parameter of some registered preset,
+    # and every model role has a directory flag.
+    from relaxspec.cli import METHOD_FLAGS, MODEL_HELP
+    from relaxspec.methods import METHODS, MODEL_ROLES
+
+    params = {name for spec in METHODS.values() for name in spec.params}
+    assert set(METHOD_FLAGS) <= params
+    assert set(MODEL_HELP) == set(MODEL_ROLES)

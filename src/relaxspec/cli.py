@@ -6,9 +6,13 @@ prints ``error: <message>`` on one line and exits with status 2 on bad input.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,9 +47,86 @@ def _model_dir(path: Path | None, role: str) -> Path:
     return model_dir(role, path)
 
 
-def _method_params(**given: Any) -> dict[str, Any]:
-    """Only the method parameters the user actually set (so unknown ones can be rejected)."""
-    return {k: v for k, v in given.items() if v is not None}
+# Method parameters with a flag of their own on every command that builds engines (any other
+# parameter of a preset: ``--set name=value``). Each name is a parameter of some preset (tested).
+METHOD_FLAGS: dict[str, tuple[type, str]] = {
+    "k": (int, "draft length K"),
+    "theta": (float, "nucleus threshold θ (nsd; sdd accept=nucleus) / gate θ (prove)"),
+    "accept_k": (int, "accept drafts among the target's top-k (topk)"),
+    "epsilon": (float, "typical acceptance ε"),
+    "delta": (float, "typical acceptance δ"),
+    "ell": (float, "lenience ℓ"),
+    "block_size": (int, "tokens per block proposal (mars, prove, prove-lossless)"),
+    "tau": (float, "confidence threshold τ (mars; sdd-skip)"),
+}
+MODEL_HELP = {
+    "target": "target model directory",
+    "draft": "draft model directory (also ProVe's small verifier)",
+    "block": "block proposer directory (mars, prove, prove-lossless)",
+    "diffusion": "diffusion drafter directory (sdd*)",
+    "survival": "survival predictor directory (sdd-skip signal=marginal|conditional)",
+}
+
+
+@dataclass
+class MethodOptions:
+    """What a command that builds engines was asked for: the method, the parameters the user
+    actually set (validated; defaults stay the preset's), and a directory per model role
+    (None: the bundled one)."""
+
+    method: str
+    params: dict[str, Any]
+    paths: dict[str, Path | None]
+
+
+def _option(name: str, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+
+
+def with_method_options(default_method: str, method_help: str) -> Callable[[Callable], Callable]:
+    """Give a command ``--method``, the :data:`METHOD_FLAGS`, ``--set`` and a directory flag per
+    model role, and pass them to it as one validated :class:`MethodOptions` (``opts``)."""
+    added = [
+        inspect.Parameter(
+            "method",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=default_method,
+            annotation=Annotated[str, typer.Option(help=method_help)],
+        ),
+        *(_option(n, Annotated[typ | None, typer.Option(help=h)]) for n, (typ, h) in METHOD_FLAGS.items()),
+        _option(
+            "set_",
+            Annotated[
+                list[str] | None,
+                typer.Option("--set", help="other method parameter name=value, e.g. gamma=16 (repeatable)"),
+            ],
+        ),
+        *(
+            _option(r, Annotated[Path | None, typer.Option(help=f"{h} (default: bundled models/{r})")])
+            for r, h in MODEL_HELP.items()
+        ),
+    ]
+
+    def decorate(command: Callable) -> Callable:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "opts"]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            flags = {n: kwargs.pop(n) for n in METHOD_FLAGS}
+            params = {n: v for n, v in flags.items() if v is not None}
+            params.update(_training_overrides(kwargs.pop("set_")))
+            opts = MethodOptions(kwargs.pop("method"), params, {r: kwargs.pop(r) for r in MODEL_HELP})
+            from relaxspec.methods import resolve_params
+
+            resolve_params(opts.method, opts.params)  # bad method or parameter: fail before loading models
+            return command(opts=opts, **kwargs)
+
+        parameters = own + added
+        run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters}
+        return run
+
+    return decorate
 
 
 def _parse_value(text: str) -> Any:
@@ -57,51 +138,24 @@ def _parse_value(text: str) -> Any:
 
 
 @app.command()
+@with_method_options("nsd", "ar, sd, nsd, topk, typical, lenience, mars, prove, prove-lossless, sdd*")
 def generate(
     prompt: Annotated[str, typer.Argument(help="prompt text")],
-    method: Annotated[
-        str, typer.Option(help="ar, sd, nsd, topk, typical, lenience, mars, prove, prove-lossless")
-    ] = "nsd",
-    k: Annotated[int | None, typer.Option(help="draft length K")] = None,
-    theta: Annotated[float | None, typer.Option(help="nucleus threshold θ (nsd)")] = None,
-    accept_k: Annotated[
-        int | None, typer.Option(help="accept drafts among the target's top-k (topk)")
-    ] = None,
-    epsilon: Annotated[float | None, typer.Option(help="typical acceptance ε")] = None,
-    delta: Annotated[float | None, typer.Option(help="typical acceptance δ")] = None,
-    ell: Annotated[float | None, typer.Option(help="lenience ℓ")] = None,
-    block_size: Annotated[
-        int | None, typer.Option(help="tokens per block proposal (mars, prove, prove-lossless)")
-    ] = None,
-    tau: Annotated[float | None, typer.Option(help="confidence threshold τ (mars)")] = None,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int | None = 0,
     max_new_tokens: int = 128,
     stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable)")] = None,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    block: Annotated[
-        Path | None, typer.Option(help="block proposer directory (default: bundled models/block)")
-    ] = None,
-    diffusion: Annotated[
-        Path | None, typer.Option(help="diffusion drafter directory (default: bundled models/diffusion)")
-    ] = None,
-    survival: Annotated[
-        Path | None, typer.Option(help="survival predictor directory (default: bundled models/survival)")
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="method parameter name=value, e.g. gamma=16, signal=marginal (sdd*)"),
-    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="print one JSON object instead of streaming")
     ] = False,
+    *,
+    opts: MethodOptions,
 ) -> None:
     """Generate a continuation of PROMPT, streaming text (or one JSON object with --json)."""
     from relaxspec.core.sampling import SamplingParams
-    from relaxspec.methods import build_engine, load_models, resolve_params
+    from relaxspec.methods import build_engine, load_models
 
     params = SamplingParams(
         temperature=temperature,
@@ -111,20 +165,7 @@ def generate(
         max_new_tokens=max_new_tokens,
         stop=tuple(stop or ()),
     )
-    method_params = _method_params(
-        k=k,
-        theta=theta,
-        accept_k=accept_k,
-        epsilon=epsilon,
-        delta=delta,
-        ell=ell,
-        block_size=block_size,
-        tau=tau,
-    )
-    method_params.update(_training_overrides(set_))
-    resolve_params(method, method_params)  # bad method or parameter: fail before loading models
-    paths = {"target": target, "draft": draft, "block": block, "diffusion": diffusion, "survival": survival}
-    engine = build_engine(method, load_models(method, paths), **method_params)
+    engine = build_engine(opts.method, load_models(opts.method, opts.paths), **opts.params)
     if as_json:
         result = engine.generate(prompt, params)
         print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
@@ -134,7 +175,7 @@ def generate(
     )
     s = result.stats
     print(
-        f"\n[{method}] {s.new_tokens} tokens in {s.total_seconds:.2f}s "
+        f"\n[{opts.method}] {s.new_tokens} tokens in {s.total_seconds:.2f}s "
         f"({s.new_tokens / max(s.total_seconds, 1e-9):.1f} tok/s), "
         f"tau={s.tau:.2f}, verifier calls={s.verifier_calls}, finish={s.finish_reason}",
         file=sys.stderr,
@@ -692,19 +733,8 @@ def latency_cmd(
 
 
 @app.command("serve")
+@with_method_options("nsd", "default method of requests that do not override it")
 def serve_cmd(
-    method: Annotated[str, typer.Option(help="default method of requests that do not override it")] = "nsd",
-    k: Annotated[int | None, typer.Option(help="draft length K")] = None,
-    theta: Annotated[float | None, typer.Option(help="nucleus threshold θ (nsd) / gate θ (prove)")] = None,
-    accept_k: Annotated[int | None, typer.Option(help="accept among the target's top-k (topk)")] = None,
-    epsilon: Annotated[float | None, typer.Option(help="typical acceptance ε")] = None,
-    delta: Annotated[float | None, typer.Option(help="typical acceptance δ")] = None,
-    ell: Annotated[float | None, typer.Option(help="lenience ℓ")] = None,
-    block_size: Annotated[int | None, typer.Option(help="tokens per block proposal (mars, prove*)")] = None,
-    tau: Annotated[float | None, typer.Option(help="confidence threshold τ (mars)")] = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="other method parameter name=value (repeatable)")
-    ] = None,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: int = 8000,
     max_concurrency: Annotated[int, typer.Option(help="sequences decoded at once")] = 8,
@@ -717,41 +747,25 @@ def serve_cmd(
     ] = None,
     default_max_tokens: Annotated[int, typer.Option(help="max_tokens of completions that omit it")] = 16,
     model_name: Annotated[str, typer.Option(help="the model id clients pass as 'model'")] = "relaxspec",
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
-    block: Annotated[Path | None, typer.Option(help="block proposer directory (mars, prove*)")] = None,
-    diffusion: Annotated[Path | None, typer.Option(help="diffusion drafter directory (sdd*)")] = None,
-    survival: Annotated[Path | None, typer.Option(help="survival predictor directory (sdd-skip)")] = None,
     extra_models: Annotated[
         bool, typer.Option(help="also load the other bundled models so requests can switch methods")
     ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    *,
+    opts: MethodOptions,
 ) -> None:
     """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     import uvicorn
 
-    from relaxspec.methods import resolve_params
     from relaxspec.serve.pool import ServingPool
     from relaxspec.serve.server import create_app, load_serving_models, serving_tokenizer_and_context
 
-    params = _method_params(
-        k=k,
-        theta=theta,
-        accept_k=accept_k,
-        epsilon=epsilon,
-        delta=delta,
-        ell=ell,
-        block_size=block_size,
-        tau=tau,
-    )
-    params.update(_training_overrides(set_))
-    resolve_params(method, params)  # bad method or parameter: fail before loading models
-    paths = {"target": target, "draft": draft, "block": block, "diffusion": diffusion, "survival": survival}
-    models = load_serving_models(method, paths, extra_roles=extra_models)
+    models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models)
     pool = ServingPool(
-        models, method, params, max_concurrency=max_concurrency, max_queue=max_queue, batching=batching
+        models, opts.method, opts.params, max_concurrency=max_concurrency, max_queue=max_queue,
+        batching=batching,
     )
-    tokenizer, context = serving_tokenizer_and_context(models, method)
+    tokenizer, context = serving_tokenizer_and_context(models, opts.method)
     app = create_app(
         pool,
         model_name,
