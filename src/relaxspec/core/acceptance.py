@@ -42,9 +42,11 @@ __all__ = [
     "Verdict",
     "argmax_mask",
     "check_distribution",
+    "check_verify_inputs",
     "nucleus_mask",
     "residual_distribution",
     "verify",
+    "verify_unchecked",
 ]
 
 # ``Verdict.next_token`` where the rule emits no token (Gate): vLLM's PLACEHOLDER_TOKEN_ID.
@@ -431,14 +433,7 @@ def check_distribution(x: Tensor, name: str) -> Tensor:
     return x
 
 
-def _check_verify_inputs(
-    rule: Rule,
-    draft_tokens: Tensor,
-    draft_probs: Tensor | None,
-    target_probs: Tensor,
-    generator: torch.Generator | None,
-) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Validate :func:`verify` arguments; return (tokens long, q float32 or None, p float32)."""
+def _check_rule_and_shapes(rule: Rule, draft_tokens: Tensor, target_probs: Tensor) -> None:
     require(
         isinstance(rule, AcceptanceRule | Gate),
         f"rule must be an acceptance rule (Exact, Nucleus, TopK, Typical, Lenience, Greedy, Gate), "
@@ -462,12 +457,63 @@ def _check_verify_inputs(
         f"target_probs must have shape [B, K+1, V] = [{B}, {K + 1}, V] to match draft_tokens of "
         f"shape [{B}, {K}], got {list(target_probs.shape)}",
     )
-    V = target_probs.shape[2]
-    device = target_probs.device
     require(
-        draft_tokens.device == device,
-        f"draft_tokens is on {draft_tokens.device} but target_probs is on {device}",
+        draft_tokens.device == target_probs.device,
+        f"draft_tokens is on {draft_tokens.device} but target_probs is on {target_probs.device}",
     )
+
+
+def _check_draft_probs(
+    rule: Rule, draft_probs: Tensor | None, B: int, K: int, V: int, device: torch.device
+) -> Tensor | None:
+    """Validate ``draft_probs`` for ``rule``; return it as float32 (or None)."""
+    if draft_probs is None:
+        require(
+            not rule.needs_draft_probs,
+            f"{rule!r} needs draft_probs (the proposal distribution the drafts were sampled from)",
+        )
+        return None
+    require(
+        isinstance(draft_probs, Tensor) and draft_probs.is_floating_point(),
+        "draft_probs must be a floating-point tensor of shape [B, K, V] (or [B, K] for Gate)",
+    )
+    require(
+        draft_probs.device == device,
+        f"draft_probs is on {draft_probs.device} but target_probs is on {device}",
+    )
+    full, tok_only = (B, K, V), (B, K)
+    shape = tuple(draft_probs.shape)
+    if rule.needs_full_draft_probs:
+        require(
+            shape == full,
+            f"{rule!r} needs draft_probs of shape [B, K, V] = {list(full)} (the full proposal "
+            f"distribution, for recovery sampling), got {list(shape)}",
+        )
+    else:
+        require(
+            shape in (full, tok_only),
+            f"draft_probs must have shape [B, K, V] = {list(full)} or [B, K] = {list(tok_only)}, "
+            f"got {list(shape)}",
+        )
+    if shape == full:
+        return check_distribution(draft_probs, "draft_probs")
+    q = draft_probs.float()
+    _check_finite_nonneg(q, "draft_probs")
+    require(bool((q <= 1).all()), "draft_probs contains probabilities greater than 1")
+    return q
+
+
+def check_verify_inputs(
+    rule: Rule,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    target_probs: Tensor,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Validate :func:`verify` arguments at the public boundary (one clear error each); return
+    (tokens long, q float32 or None, p float32) as :func:`verify_unchecked` expects them."""
+    _check_rule_and_shapes(rule, draft_tokens, target_probs)
+    (B, K), V, device = draft_tokens.shape, target_probs.shape[2], target_probs.device
     tokens = draft_tokens.long()
     if tokens.numel():
         require(
@@ -475,42 +521,7 @@ def _check_verify_inputs(
             f"draft_tokens must be token ids in [0, {V}) (vocabulary size of target_probs)",
         )
     p = check_distribution(target_probs, "target_probs")
-
-    q = None
-    if draft_probs is None:
-        require(
-            not rule.needs_draft_probs,
-            f"{rule!r} needs draft_probs (the proposal distribution the drafts were sampled from)",
-        )
-    else:
-        require(
-            isinstance(draft_probs, Tensor) and draft_probs.is_floating_point(),
-            "draft_probs must be a floating-point tensor of shape [B, K, V] (or [B, K] for Gate)",
-        )
-        require(
-            draft_probs.device == device,
-            f"draft_probs is on {draft_probs.device} but target_probs is on {device}",
-        )
-        full, tok_only = (B, K, V), (B, K)
-        shape = tuple(draft_probs.shape)
-        if rule.needs_full_draft_probs:
-            require(
-                shape == full,
-                f"{rule!r} needs draft_probs of shape [B, K, V] = {list(full)} (the full proposal "
-                f"distribution, for recovery sampling), got {list(shape)}",
-            )
-        else:
-            require(
-                shape in (full, tok_only),
-                f"draft_probs must have shape [B, K, V] = {list(full)} or [B, K] = {list(tok_only)}, "
-                f"got {list(shape)}",
-            )
-        if shape == full:
-            q = check_distribution(draft_probs, "draft_probs")
-        else:
-            q = draft_probs.float()
-            _check_finite_nonneg(q, "draft_probs")
-            require(bool((q <= 1).all()), "draft_probs contains probabilities greater than 1")
+    q = _check_draft_probs(rule, draft_probs, B, K, V, device)
     if generator is not None:
         require(isinstance(generator, torch.Generator), "generator must be a torch.Generator or None")
         require(
@@ -588,9 +599,19 @@ def verify(
         deterministic and draw nothing.
 
     Returns a :class:`Verdict`. Probabilities are handled in float32. Raises ``RelaxSpecError``
-    on bad input.
+    on bad input: this is the public boundary; the engine, whose inputs come from its own
+    processing, calls :func:`verify_unchecked`.
     """
-    tokens, q, p = _check_verify_inputs(rule, draft_tokens, draft_probs, target_probs, generator)
+    tokens, q, p = check_verify_inputs(rule, draft_tokens, draft_probs, target_probs, generator)
+    return verify_unchecked(rule, tokens, q, p, generator)
+
+
+def verify_unchecked(
+    rule: Rule, tokens: Tensor, q: Tensor | None, p: Tensor, generator: torch.Generator | None = None
+) -> Verdict:
+    """:func:`verify` on inputs known to be valid: ``tokens[B, K]`` long, ``q`` float32
+    ``[B, K, V]`` (``[B, K]`` for Gate) or None, ``p`` float32 ``[B, K+1, V]`` probabilities."""
+    assert tokens.dtype == torch.long and p.dtype == torch.float32 and p.shape[1] == tokens.shape[1] + 1
     if isinstance(rule, Gate):
         assert q is not None
         return _verify_gate(rule, tokens, q, p)
@@ -610,7 +631,7 @@ def verify(
         next_token = p.argmax(dim=-1).gather(-1, accepted.unsqueeze(-1)).squeeze(-1)
         exact_mask = _argmax_match(tokens, p)
     else:
-        assert q is not None
+        assert q is not None and q.shape == p_draft.shape
         q_tok = _gather_last(q, tokens)
         u = torch.rand((B, K), dtype=torch.float64, generator=generator, device=p.device)
         accept_mask = u < rule.h(p_tok, q_tok, in_set_tok).double()

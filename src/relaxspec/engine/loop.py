@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify
+from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify_unchecked
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.proposers.base import Proposal, Proposer
 from relaxspec.engine.schedulers import Scheduler, SchedulerState, Strict
@@ -302,7 +302,7 @@ class Engine:
             return CycleRecord(n, proposal, skip, None, None, proposal.tokens[0, :skip].tolist(), strict)
 
         target_probs = self._score(ids, proposal.tokens, run)
-        verdict = verify(
+        verdict = verify_unchecked(
             run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
         )
         accepted = int(verdict.accepted[0])
@@ -342,7 +342,7 @@ class Engine:
         t0 = _now(self.device)
         target_probs = self.shadow.score(ids, proposal.tokens, run.params)
         self.shadow.rollback(ids.shape[1])
-        verdict = verify(
+        verdict = verify_unchecked(
             run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.shadow_generator
         )
         strict = int(verdict.accepted[0])
