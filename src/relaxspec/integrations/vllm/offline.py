@@ -1,0 +1,365 @@
+"""Offline generation through vLLM with relaxspec's rules: :class:`VLLMEngine` (DESIGN §8).
+
+``VLLMEngine("nsd", theta=0.9, k=4).generate(prompts, temperature=1.0, seed=0)`` returns one
+:class:`VLLMResult` per prompt (``text``, ``tokens`` = generated ids, ``stats`` with ``tau``).
+The engine is a ``vllm.LLM`` with vLLM's draft-model proposer (``k`` drafts per step) and the
+plugin; the rule goes to vLLM per request in ``SamplingParams.extra_args``, so one engine serves
+every rule at its ``k`` (``generate(..., rule={"rule": "topk", "accept_k": 3})``).
+
+``stock=True`` is vLLM without the plugin (the ``vllm-ar`` / ``vllm-sd`` peers): the plugin is
+left out of every vLLM process (``VLLM_PLUGINS``) and, where vLLM runs in this process, its hooks
+are undone while this engine works.
+
+``stats.tau`` is tokens emitted per target forward: each engine step in which a request gains
+tokens is one target forward for it (its prefill included), counted from vLLM's step outputs,
+the same way for stock vLLM and for the plugin. Plugin engines also report, per draft position,
+drafts verified, accepted, and accepted only thanks to the relaxation (``relaxed_per_pos``).
+
+Temperature > 0 with the plugin uses ``draft_sample_method="probabilistic"``: vLLM then hands the
+rule the draft model's real distribution ``q``, and ``sd`` is exact. (With vLLM's default greedy
+drafting, ``q`` is one-hot at the draft token — that is the true law of a greedy drafter, so
+``sd`` is still exact, but acceptance is ``p(d)`` instead of ``Σ min(p, q)``.)
+
+vLLM's engine runs in this process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: seconds to
+start instead of half a minute); ``multiprocessing=True`` gives it its own process, which lets
+several engines live side by side. ``tensor_parallel_size > 1`` spawns one worker per rank
+(on CPU set ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"0|1"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relaxspec.errors import RelaxSpecError
+from relaxspec.integrations import vllm as plugin
+from relaxspec.integrations.vllm.rules import PARAM_KEYS, RULE_NAMES, RuleChoice, canonical, choice_from_args
+from relaxspec.models import model_dir
+
+DEFAULT_KV_CACHE_GIB = 1
+_ids = itertools.count()
+
+
+@dataclass
+class VLLMResult:
+    """One generation: ``text``, generated token ids, and ``stats`` (``tau`` and the counts)."""
+
+    text: str
+    tokens: list[int]
+    stats: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "tokens": self.tokens, "stats": self.stats}
+
+
+def other_plugins() -> list[str]:
+    """vLLM general plugins installed besides relaxspec's (what ``VLLM_PLUGINS`` keeps for stock)."""
+    from importlib.metadata import entry_points
+
+    return [ep.name for ep in entry_points(group="vllm.general_plugins") if ep.name != plugin.PLUGIN_NAME]
+
+
+@contextlib.contextmanager
+def _env(**values: str | None) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = None) -> dict[str, str | None]:
+    """Environment for vLLM's processes: plugin in or out, in-process or not, default rule."""
+    from relaxspec.integrations.vllm.rules import ENV_RULE
+
+    env: dict[str, str | None] = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_KV_CACHE_GIB)),
+    }
+    if stock:
+        env["VLLM_PLUGINS"] = ",".join(other_plugins()) or "none"
+        env[plugin.ENV_DISABLE] = "1"
+    else:
+        env[plugin.ENV_DISABLE] = None
+        allowed = os.environ.get("VLLM_PLUGINS")
+        if allowed is not None and plugin.PLUGIN_NAME not in allowed.split(","):
+            env["VLLM_PLUGINS"] = ",".join([*allowed.split(","), plugin.PLUGIN_NAME])
+        if rule is not None:
+            env[ENV_RULE] = rule.to_json()
+    return env
+
+
+class VLLMEngine:
+    """A vLLM engine for one (method family, k): ``ar``, or draft-model SD with any rule.
+
+    method: ``ar`` or a rule name (``sd``, ``nsd``, ``topk``, ``typical``, ``lenience``,
+    ``greedy``; aliases ``exact``, ``nucleus``) — the default rule of this engine's requests;
+    rule parameters as keywords (``theta``, ``accept_k``, ``epsilon``, ``delta``, ``ell``).
+    """
+
+    def __init__(
+        self,
+        method: str = "sd",
+        *,
+        target: str | Path | None = None,
+        draft: str | Path | None = None,
+        k: int = 4,
+        stock: bool = False,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        draft_sample_method: str | None = None,
+        num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None,
+        multiprocessing: bool | None = None,
+        enforce_eager: bool = True,
+        llm_kwargs: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> None:
+        plugin.require_vllm()
+        plugin.check_version()
+        self.method = "ar" if method == "ar" else canonical(method)
+        if self.method == "ar" and params:
+            raise RelaxSpecError(f"method 'ar' takes no rule parameters, got {', '.join(params)}")
+        unknown = set(params) - set(PARAM_KEYS)
+        if unknown:
+            raise RelaxSpecError(
+                f"unknown parameter(s) {', '.join(sorted(unknown))}; "
+                f"rule parameters are {', '.join(PARAM_KEYS)}"
+            )
+        self.rule = None if self.method == "ar" else RuleChoice(self.method, params)
+        if stock and self.method not in ("ar", "sd"):
+            raise RelaxSpecError(f"stock vLLM has no {self.method!r} rule (only ar and sd)")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise RelaxSpecError(f"k (draft length) must be an integer >= 1, got {k!r}")
+        if (
+            isinstance(tensor_parallel_size, bool)
+            or not isinstance(tensor_parallel_size, int)
+            or tensor_parallel_size < 1
+        ):
+            raise RelaxSpecError(
+                f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}"
+            )
+        self.stock = stock
+        self.k = k if self.method != "ar" else 0
+        self.target = model_dir("target", target, "vLLM")
+        self.draft = model_dir("draft", draft, "vLLM") if self.method != "ar" else None
+        if multiprocessing is None:
+            multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"
+        self.multiprocessing = multiprocessing
+
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = {
+            "model": str(self.target),
+            "tokenizer": str(self.target),
+            "enforce_eager": enforce_eager,
+            "seed": seed,
+            "tensor_parallel_size": tensor_parallel_size,
+            "disable_log_stats": True,
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if self.method != "ar":
+            spec: dict[str, Any] = {
+                "method": "draft_model",
+                "model": str(self.draft),
+                "num_speculative_tokens": k,
+            }
+            if draft_sample_method is None:
+                draft_sample_method = "greedy" if stock else "probabilistic"
+            spec["draft_sample_method"] = draft_sample_method
+            if num_speculative_tokens_per_batch_size is not None:
+                spec["num_speculative_tokens_per_batch_size"] = num_speculative_tokens_per_batch_size
+            kwargs["speculative_config"] = spec
+        kwargs.update(llm_kwargs or {})
+        with self._plugin_state(), _env(**engine_env(stock, multiprocessing, self.rule)):
+            self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    # -- plugin on/off where vLLM runs in this process --------------------------------------------
+
+    @contextlib.contextmanager
+    def _plugin_state(self) -> Iterator[None]:
+        if self.stock:
+            was = plugin.is_registered()
+            plugin.unregister()
+            try:
+                yield
+            finally:
+                if was:
+                    plugin.register()
+        else:
+            with _env(**{plugin.ENV_DISABLE: None}):
+                plugin.register()
+            yield
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def sampling_params(
+        self,
+        temperature: float = 0.0,
+        max_new_tokens: int = 128,
+        seed: int | None = None,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        rule: RuleChoice | Mapping[str, Any] | str | None = None,
+        ignore_eos: bool = False,
+    ) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
+            raise RelaxSpecError(f"temperature must be a number >= 0, got {temperature!r}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise RelaxSpecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        extra = None
+        if not self.stock and self.method != "ar":
+            choice = self._choice(rule)
+            extra = {"rule": choice.name, **choice.params}
+        elif rule is not None:
+            raise RelaxSpecError("a rule needs the plugin and a draft model (not 'ar' or stock vLLM)")
+        return SamplingParams(
+            temperature=float(temperature),
+            max_tokens=max_new_tokens,
+            seed=seed,
+            top_k=top_k if top_k and top_k > 0 else 0,
+            top_p=top_p,
+            stop=list(stop) if stop else None,
+            ignore_eos=ignore_eos,
+            extra_args=extra,
+            output_kind=RequestOutputKind.CUMULATIVE,
+        )
+
+    def _choice(self, rule: RuleChoice | Mapping[str, Any] | str | None) -> RuleChoice:
+        assert self.rule is not None
+        if rule is None:
+            return self.rule
+        if isinstance(rule, RuleChoice):
+            return rule
+        if isinstance(rule, str):
+            return RuleChoice(rule)
+        return choice_from_args(rule, self.rule)
+
+    def plugin_stats(self) -> dict[str, Any] | None:
+        """The plugin's counters in the (first) worker, or None for stock vLLM / ``ar``."""
+        if self.stock or self.method == "ar":
+            return None
+        return self.llm.collective_rpc("relaxspec_stats")[0]
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        temperature: float = 0.0,
+        max_new_tokens: int = 128,
+        seed: int | None = None,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        rule: RuleChoice | Mapping[str, Any] | str | Sequence[Any] | None = None,
+        ignore_eos: bool = False,
+    ) -> list[VLLMResult]:
+        """Generate for each prompt (one batch); ``rule`` may be one rule or one per prompt."""
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not prompts or not all(isinstance(p, str) and p for p in prompts):
+            raise RelaxSpecError("prompts must be non-empty strings")
+        rules = list(rule) if isinstance(rule, list | tuple) else [rule] * len(prompts)
+        if len(rules) != len(prompts):
+            raise RelaxSpecError(f"got {len(rules)} rules for {len(prompts)} prompts")
+        params = [
+            self.sampling_params(temperature, max_new_tokens, seed, top_k, top_p, stop, r, ignore_eos)
+            for r in rules
+        ]
+        with self._plugin_state():
+            return self._run(prompts, params, rules)
+
+    def _run(self, prompts: list[str], params: list[Any], rules: list[Any]) -> list[VLLMResult]:
+        engine = self.llm.llm_engine
+        before = self.plugin_stats()
+        ids = [f"relaxspec-{next(_ids)}" for _ in prompts]
+        for rid, prompt, sp in zip(ids, prompts, params, strict=True):
+            engine.add_request(rid, prompt, sp)
+        lengths = dict.fromkeys(ids, 0)
+        forwards = dict.fromkeys(ids, 0)
+        finals: dict[str, Any] = {}
+        start = time.perf_counter()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id not in lengths:
+                    continue
+                n = len(out.outputs[0].token_ids)
+                if n > lengths[out.request_id]:
+                    forwards[out.request_id] += 1
+                    lengths[out.request_id] = n
+                if out.finished:
+                    finals[out.request_id] = out
+        seconds = time.perf_counter() - start
+        after = self.plugin_stats()
+        relaxed = _delta(before, after)
+        results = []
+        for rid, sp in zip(ids, params, strict=True):
+            out = finals[rid]
+            tokens = list(out.outputs[0].token_ids)
+            stats: dict[str, Any] = {
+                "engine": "vllm",
+                "method": self.method,
+                "stock": self.stock,
+                "k": self.k,
+                "rule": (sp.extra_args or {}).get("rule"),
+                "rule_params": {k: v for k, v in (sp.extra_args or {}).items() if k != "rule"},
+                "new_tokens": len(tokens),
+                "target_forwards": forwards[rid],
+                "tau": len(tokens) / forwards[rid] if forwards[rid] else 0.0,
+                "total_seconds": seconds,
+                "batch_size": len(prompts),
+                "finish_reason": out.outputs[0].finish_reason,
+            }
+            if relaxed is not None:
+                stats["plugin"] = relaxed  # the whole batch's counts
+            results.append(VLLMResult(out.outputs[0].text, tokens, stats, len(out.prompt_token_ids or [])))
+        return results
+
+    def close(self) -> None:
+        """Release the engine (vLLM shuts its processes down)."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+
+
+def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    if before is None or after is None:
+        return None
+
+    def sub(a: list[int], b: list[int]) -> list[int]:
+        return [x - (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+
+    out = {
+        "verify_rows": after["rows"] - before["rows"],
+        "emitted": after["emitted"] - before["emitted"],
+        "drafted_per_pos": sub(after["drafted_per_pos"], before["drafted_per_pos"]),
+        "accepted_per_pos": sub(after["accepted_per_pos"], before["accepted_per_pos"]),
+        "relaxed_per_pos": sub(after["relaxed_per_pos"], before["relaxed_per_pos"]),
+    }
+    out["relaxed_accepted"] = sum(out["relaxed_per_pos"])
+    return out
+
+
+__all__ = ["RULE_NAMES", "VLLMEngine", "VLLMResult", "other_plugins"]

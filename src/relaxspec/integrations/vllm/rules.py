@@ -1,0 +1,167 @@
+"""Which relaxspec rule a vLLM request row uses (DESIGN §8): names, parameters, validation.
+
+A request names its rule in ``SamplingParams.extra_args`` (OpenAI ``vllm_xargs``), e.g.
+``{"rule": "nsd", "theta": 0.9}``; without one it gets the server / engine default, which travels
+to every vLLM process in the ``RELAXSPEC_VLLM_RULE`` environment variable (JSON of the same
+form; unset: ``sd``, i.e. lossless). A :class:`RuleChoice` holds the two rule objects of
+:mod:`relaxspec.acceptance` a row may need: the sampling rule (temperature > 0) and its greedy
+variant (temperature 0). Constructing them validates every value (``RelaxSpecError``); this
+module never evaluates a rule itself.
+
+Vocabulary (method names as in :mod:`relaxspec.methods`; rule names are aliases):
+
+=============  ==============  =========================================  =====================
+``rule``       alias           sampling rule / greedy rule                parameters (default)
+=============  ==============  =========================================  =====================
+``sd``         ``exact``       ``Exact()`` / ``Greedy()``                 —
+``nsd``        ``nucleus``     ``Nucleus(θ)`` / ``Nucleus(θ, greedy)``    ``theta`` (0.95)
+``topk``       ``top_k``       ``TopK(k)`` / ``TopK(k, greedy)``          ``accept_k`` (2)
+``typical``    —               ``Typical(ε, δ)`` / greedy variant         ``epsilon`` (0.09), ``delta`` (0.3)
+``lenience``   —               ``Lenience(ℓ)`` / ``Lenience(ℓ, greedy)``  ``ell`` (0.5)
+``greedy``     —               ``Greedy()`` at every temperature          —
+=============  ==============  =========================================  =====================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from relaxspec.core.acceptance import AcceptanceRule, Exact, Greedy, Lenience, Nucleus, TopK, Typical
+from relaxspec.errors import RelaxSpecError
+
+ENV_RULE = "RELAXSPEC_VLLM_RULE"
+RULE_KEY = "rule"
+
+# name -> (parameter defaults, factory(params, greedy) -> rule)
+_RULES: dict[str, tuple[dict[str, Any], Any]] = {
+    "sd": ({}, lambda p, g: Greedy() if g else Exact()),
+    "nsd": ({"theta": 0.95}, lambda p, g: Nucleus(p["theta"], greedy=g)),
+    "topk": ({"accept_k": 2}, lambda p, g: TopK(p["accept_k"], greedy=g)),
+    "typical": (
+        {"epsilon": 0.09, "delta": 0.3},
+        lambda p, g: Typical(p["epsilon"], p["delta"], greedy=g),
+    ),
+    "lenience": ({"ell": 0.5}, lambda p, g: Lenience(p["ell"], greedy=g)),
+    "greedy": ({}, lambda p, g: Greedy()),
+}
+ALIASES = {"exact": "sd", "nucleus": "nsd", "top_k": "topk", "top-k": "topk"}
+RULE_NAMES = tuple(_RULES)
+# Parameter -> the rule it implies when a request gives the parameter without a rule the
+# parameter belongs to (``{"theta": 0.8}`` on an ``sd`` server means nucleus at θ = 0.8).
+_IMPLIED = {"theta": "nsd", "accept_k": "topk", "epsilon": "typical", "delta": "typical", "ell": "lenience"}
+PARAM_KEYS = tuple(_IMPLIED)
+
+
+def _number(name: str, value: Any) -> Any:
+    """vllm_xargs values arrive as JSON numbers or strings; accept numeric strings."""
+    if isinstance(value, str):
+        try:
+            value = (
+                float(value)
+                if any(c in value for c in ".eE") or value.lower() in ("nan", "inf")
+                else int(value)
+            )
+        except ValueError:
+            raise RelaxSpecError(f"{name} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RelaxSpecError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RelaxSpecError(f"{name} must be a finite number, got {value!r}")
+    if name == "accept_k" and isinstance(value, float):
+        if not value.is_integer():
+            raise RelaxSpecError(f"accept_k must be an integer >= 1, got {value!r}")
+        value = int(value)
+    return value
+
+
+def canonical(name: Any) -> str:
+    """The rule name for a method or rule name; unknown names raise ``RelaxSpecError``."""
+    if not isinstance(name, str):
+        raise RelaxSpecError(f"rule must be a string, one of {', '.join(RULE_NAMES)}; got {name!r}")
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in _RULES:
+        raise RelaxSpecError(
+            f"unknown rule {name!r} for vLLM: choose one of {', '.join(RULE_NAMES)} "
+            f"(aliases: {', '.join(ALIASES)})"
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class RuleChoice:
+    """A named rule with its parameters, and the rule objects it builds (validated on creation)."""
+
+    name: str = "sd"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        name = canonical(self.name)
+        defaults, factory = _RULES[name]
+        unknown = set(self.params) - set(defaults)
+        if unknown:
+            raise RelaxSpecError(
+                f"rule {name!r} takes {', '.join(defaults) or 'no parameters'}; "
+                f"got {', '.join(sorted(unknown))}"
+            )
+        params = {**defaults, **{k: _number(k, v) for k, v in self.params.items()}}
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "_sampling", factory(params, False))
+        object.__setattr__(self, "_greedy", factory(params, True))
+
+    def rule(self, greedy: bool) -> AcceptanceRule:
+        """The rule for a row: the greedy variant at temperature 0, the sampling rule otherwise."""
+        return self._greedy if greedy else self._sampling  # type: ignore[attr-defined]
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.name, *sorted(self.params.items()))
+
+    def to_json(self) -> str:
+        return json.dumps({RULE_KEY: self.name, **self.params})
+
+    def label(self) -> str:
+        inner = ",".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.name}({inner})" if inner else self.name
+
+
+def choice_from_args(args: Mapping[str, Any] | None, default: RuleChoice | None = None) -> RuleChoice:
+    """The rule a request asks for in ``extra_args`` (relaxspec's keys only), over ``default``.
+
+    Keys: ``rule`` and the parameters ``theta``, ``accept_k``, ``epsilon``, ``delta``, ``ell``;
+    other keys belong to others and are ignored. A parameter alone switches to the rule it
+    belongs to unless the default rule takes it. Raises ``RelaxSpecError`` on bad values.
+    """
+    default = default or RuleChoice()
+    args = dict(args or {})
+    params = {k: args[k] for k in PARAM_KEYS if k in args}
+    if RULE_KEY in args:
+        return RuleChoice(canonical(args[RULE_KEY]), params)
+    if not params:
+        return default
+    defaults = _RULES[default.name][0]
+    if set(params) <= set(defaults):
+        return RuleChoice(default.name, {**default.params, **params})
+    implied = {_IMPLIED[k] for k in params}
+    if len(implied) > 1:
+        raise RelaxSpecError(f"parameters {', '.join(sorted(params))} belong to different rules; name one")
+    return RuleChoice(implied.pop(), params)
+
+
+def default_choice() -> RuleChoice:
+    """The process-wide default from ``RELAXSPEC_VLLM_RULE`` (JSON); ``sd`` if unset."""
+    text = os.environ.get(ENV_RULE, "").strip()
+    if not text:
+        return RuleChoice()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = {RULE_KEY: text}
+    if not isinstance(data, dict):
+        raise RelaxSpecError(f'{ENV_RULE} must be a JSON object like {{"rule": "nsd", "theta": 0.9}}')
+    return choice_from_args(data)
