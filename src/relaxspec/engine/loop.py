@@ -233,7 +233,7 @@ class Engine:
         )
         text = _TextTracker(self.tokenizer, params.stop)
         budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
-        calls_before = (self.verifier.calls, self.proposer.calls if self.proposer is not None else 0)
+        calls_before = self._calls()
 
         started = _now(self.device)
         for part in (self.verifier, self.shadow, self.proposer):
@@ -262,17 +262,30 @@ class Engine:
             if self.proposer is not None:
                 self.proposer.rollback(ids.shape[1] - 1)
 
-        stats = run.stats
-        stats.total_seconds = _now(self.device) - started - stats.shadow_seconds
-        stats.new_tokens = generated
-        stats.verifier_calls = self.verifier.calls - calls_before[0]
-        stats.draft_calls = self.proposer.calls - calls_before[1] if self.proposer is not None else 0
-        stats.finish_reason = finish
+        self._close_stats(run.stats, started, calls_before, generated, finish)
         if on_chunk is not None:
             tail = text.delta(final=True)
             if tail:
                 on_chunk(tail, [])
-        return GenerationResult(text=text.text, tokens=text.tokens, stats=stats)
+        return GenerationResult(text=text.text, tokens=text.tokens, stats=run.stats)
+
+    def _calls(self) -> tuple[int, int]:
+        """Forward passes so far of the verifier and the proposer."""
+        return self.verifier.calls, self.proposer.calls if self.proposer is not None else 0
+
+    def _close_stats(
+        self,
+        stats: GenerationStats,
+        started: float,
+        calls_before: tuple[int, int],
+        generated: int,
+        finish: str,
+    ) -> None:
+        stats.total_seconds = _now(self.device) - started - stats.shadow_seconds
+        stats.new_tokens = generated
+        calls = self._calls()
+        stats.verifier_calls, stats.draft_calls = calls[0] - calls_before[0], calls[1] - calls_before[1]
+        stats.finish_reason = finish
 
     @property
     def device(self) -> torch.device:
