@@ -172,7 +172,7 @@ def test_bad_input(block, verifier, tokenizer):
     models = ModelSet(block=block, draft=verifier)
     with pytest.raises(RelaxSpecError, match="theta must be a finite number ≥ 0"):
         resolve_params("prove", {"theta": -0.1})
-    with pytest.raises(RelaxSpecError, match=r"block_size .* must be an integer >= 1"):
+    with pytest.raises(RelaxSpecError, match=r"block_size .* must be an integer in \[1, 64\]"):
         resolve_params("prove-lossless", {"block_size": 0})
     with pytest.raises(RelaxSpecError, match="tau must be in"):
         resolve_params("mars", {"tau": 1.5})

@@ -9,6 +9,7 @@ parts directly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,10 +71,54 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
-def _check_k(params: dict[str, Any], name: str = "k", what: str = "draft length") -> None:
+# Upper bounds of the method parameters (DESIGN §7), checked by :func:`resolve_params` for the CLI,
+# the benchmark and the server alike. They bound the work of one decoding cycle, so that one request
+# can neither stall a batch for long nor hold its slot long after a cancel:
+MAX_DRAFT_TOKENS = 64  # k, gamma, block_size, k_min, skip_k: tokens drafted (and verified) per cycle
+MAX_DRAFT_WORK = 1024  # gamma x steps: drafter token positions computed per cycle (sdd*)
+MAX_COUNT = 1 << 20  # counters and ranks: accept_k, period, s_max
+MAX_STRING = 64  # characters of a string parameter (reveal, accept, signal)
+_MAX_INT = 1 << 31  # any integer parameter, before its own bound
+
+
+def _check_k(
+    params: dict[str, Any], name: str = "k", what: str = "draft length", upper: int = MAX_DRAFT_TOKENS
+) -> None:
     k = params.get(name)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise RelaxSpecError(f"{name} ({what}) must be an integer >= 1, got {k!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= upper:
+        raise RelaxSpecError(f"{name} ({what}) must be an integer in [1, {upper}], got {_show(k)}")
+
+
+def _check_count(params: dict[str, Any], name: str, upper: int = MAX_COUNT) -> None:
+    k = params.get(name)
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= upper:
+        raise RelaxSpecError(f"{name} must be an integer in [1, {upper}], got {_show(k)}")
+
+
+def _show(value: Any) -> str:
+    """A short ``repr`` of a user-given value for an error message."""
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return "a very large integer"
+    text = ascii(value)  # never unencodable text (lone surrogates) in a message
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_scalar(method: str, name: str, value: Any) -> None:
+    """A parameter value is a JSON scalar of sane size: a bool, None, an integer below 2^31, a finite
+    float or a short string (what the CLI's ``--set`` and the server's JSON can carry)."""
+    ok = (
+        value is None
+        or isinstance(value, bool)
+        or (isinstance(value, int) and abs(value) < _MAX_INT)
+        or (isinstance(value, float) and math.isfinite(value))
+        or (isinstance(value, str) and len(value) <= MAX_STRING and value.isprintable())
+    )
+    if not ok:
+        raise RelaxSpecError(
+            f"method {method!r}: parameter {_show(name)} must be a number (integers below 2^31, floats "
+            f"finite), a string of at most {MAX_STRING} printable characters, true/false or null; "
+            f"got {_show(value)}"
+        )
 
 
 def draft_model_method(
@@ -86,6 +131,8 @@ def draft_model_method(
 
     def validate(p: dict[str, Any]) -> None:
         _check_k(p)
+        if "accept_k" in p:
+            _check_count(p, "accept_k")
         rules(p)  # constructing the rules validates θ, ℓ, ε, δ, ...
 
     def build(models: ModelSet, p: dict[str, Any]) -> Engine:
@@ -179,7 +226,7 @@ def _block_proposer(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[L
 
 def _check_block_size(p: dict[str, Any]) -> None:
     if p["block_size"] is not None:
-        _check_k(p, "block_size", "tokens per block proposal; default: 8, capped at the trained size")
+        _check_k(p, "block_size", "tokens per block proposal, at most the trained size; default 8")
 
 
 def _validate_mars(p: dict[str, Any]) -> None:
@@ -300,6 +347,10 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_real(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def sdd_rules(p: dict[str, Any]) -> tuple[Rule, Rule]:
     """(sampling rule, greedy rule) for ``accept``; constructing them validates ℓ, k, θ."""
     accept = p["accept"]
@@ -316,16 +367,28 @@ def sdd_rules(p: dict[str, Any]) -> tuple[Rule, Rule]:
 
 def _validate_base(p: dict[str, Any]) -> None:
     gamma, steps = p["gamma"], p["steps"]
-    if gamma is not None and (not _is_int(gamma) or gamma < 1):
-        raise RelaxSpecError(f"gamma (diffusion block length) must be an integer >= 1, got {gamma!r}")
-    if steps is not None and (not _is_int(steps) or steps < 1 or (gamma is not None and steps > gamma)):
-        bound = f"[1, gamma={gamma}]" if gamma is not None else ">= 1"
-        raise RelaxSpecError(f"steps (denoising steps) must be an integer in {bound}, got {steps!r}")
+    if gamma is not None:
+        _check_k(p, "gamma", "diffusion block length")
+    if steps is not None:
+        _check_k(p, "steps", "denoising steps, at most gamma", gamma or MAX_DRAFT_TOKENS)
+    if gamma is not None and steps is not None:
+        check_draft_work(gamma, steps)
+    if p["accept"] == "topk":
+        _check_count(p, "accept_k")
     if p["reveal"] not in REVEAL_ORDERS:
         raise RelaxSpecError(f"reveal must be one of {', '.join(REVEAL_ORDERS)}, got {p['reveal']!r}")
     if not isinstance(p["shadow"], bool):
         raise RelaxSpecError(f"shadow must be true or false, got {p['shadow']!r}")
     sdd_rules(p)
+
+
+def check_draft_work(gamma: int, steps: int) -> None:
+    """A diffusion draft computes gamma positions at each of its steps; bound the product."""
+    if gamma * steps > MAX_DRAFT_WORK:
+        raise RelaxSpecError(
+            f"gamma x steps = {gamma} x {steps} = {gamma * steps} drafter positions per cycle exceeds "
+            f"the limit of {MAX_DRAFT_WORK}; use fewer denoising steps or a shorter block"
+        )
 
 
 def _check_k_min(k_min: Any, gamma: int | None) -> None:
@@ -338,8 +401,16 @@ def _validate_skip(p: dict[str, Any]) -> None:
     if p["signal"] not in SIGNALS:
         raise RelaxSpecError(f"signal must be one of {', '.join(SIGNALS)}, got {p['signal']!r}")
     _check_k_min(p["k_min"], p["gamma"])
-    if not _is_int(p["s_max"]):
-        raise RelaxSpecError(f"s_max must be an integer, got {p['s_max']!r}")
+    if not _is_int(p["k_min"]) or not 0 <= p["k_min"] <= MAX_DRAFT_TOKENS:
+        raise RelaxSpecError(f"k_min must be an integer in [0, {MAX_DRAFT_TOKENS}], got {_show(p['k_min'])}")
+    if not _is_int(p["s_max"]) or not 0 <= p["s_max"] <= MAX_COUNT:
+        raise RelaxSpecError(f"s_max must be an integer in [0, {MAX_COUNT}], got {_show(p['s_max'])}")
+    for name in ("tau", "signal_tau"):
+        value = p[name]
+        if value is None and name == "signal_tau":
+            continue
+        if not (_is_real(value) and 0 <= value <= 1):
+            raise RelaxSpecError(f"{name} must be a number in [0, 1], got {_show(value)}")
     ConfidenceSkip(p["tau"], k_min=p["k_min"], s_max=p["s_max"], signal_tau=p["signal_tau"])
 
 
@@ -347,6 +418,8 @@ def _validate_periodic(p: dict[str, Any]) -> None:
     _validate_base(p)
     if p["gamma"] is not None and _is_int(p["skip_k"]) and p["skip_k"] > p["gamma"]:
         raise RelaxSpecError(f"skip_k ({p['skip_k']}) cannot exceed gamma ({p['gamma']})")
+    _check_count(p, "period")
+    _check_count(p, "skip_k", MAX_DRAFT_TOKENS)
     Periodic(p["period"], p["skip_k"])
 
 
@@ -368,6 +441,7 @@ def build_sdd(models: ModelSet, p: dict[str, Any], scheduler: Scheduler, method:
     check_compatible(target.model, diffusion.model, "diffusion drafter")
     check_same_tokenizer(target.tokenizer, diffusion.tokenizer, "diffusion drafter")
     proposer = DiffusionProposer(diffusion.model, p["gamma"], p["steps"], p["reveal"])
+    check_draft_work(proposer.gamma, proposer.steps)  # also for the drafter's default operating point
     rule, greedy_rule = sdd_rules(p)
     return Engine(
         target.model,
@@ -451,12 +525,14 @@ def get_method(method: str) -> MethodSpec:
 def resolve_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
     """Defaults of ``method`` overridden by ``params``, validated; unknown names are an error."""
     spec = get_method(method)
-    unknown = sorted(set(params) - set(spec.params))
+    unknown = [name for name in params if name not in spec.params]
     if unknown:
         allowed = ", ".join(spec.params) or "none"
-        raise RelaxSpecError(
-            f"method {method!r} has no parameter {', '.join(unknown)} (parameters: {allowed})"
-        )
+        names = ", ".join(_show(name) if not str(name).isidentifier() else name for name in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise RelaxSpecError(f"method {method!r} has no parameter {names}{more} (parameters: {allowed})")
+    for name, value in params.items():
+        _check_scalar(method, name, value)
     resolved = {**spec.params, **params}
     spec.validate(resolved)
     return resolved
