@@ -111,8 +111,13 @@ class RuleChoice:
         params = {**defaults, **{k: _number(k, v) for k, v in self.params.items()}}
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "params", params)
-        object.__setattr__(self, "_sampling", factory(params, False))
-        object.__setattr__(self, "_greedy", factory(params, True))
+        try:
+            sampling, greedy = factory(params, False), factory(params, True)
+        except RelaxSpecError as err:
+            given = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            raise RelaxSpecError(f"rule {name!r} ({given}): {err}") from None
+        object.__setattr__(self, "_sampling", sampling)
+        object.__setattr__(self, "_greedy", greedy)
 
     def rule(self, greedy: bool) -> AcceptanceRule:
         """The rule for a row: the greedy variant at temperature 0, the sampling rule otherwise."""

