@@ -11,7 +11,8 @@ Measurement rules:
 - Hugging Face ``generate()``, assisted generation (``assistant_model=``) and prompt lookup
   (``prompt_lookup_num_tokens=``) run as peers on the same models and prompts, as their own rows;
 - quality (math exact match, HumanEval pass@1) and agreement with greedy AR are computed outside
-  the timed region.
+  the timed region; a pass@1 record carries the code sandbox's isolation (``sandbox``), and a row
+  whose pass@1 was not measured in the namespace sandbox is marked untrusted.
 
 Every (cell, prompt) result is appended to ``<out>/records.jsonl`` as soon as it exists, so an
 interrupted run resumes where it stopped (finished prompts are skipped; failed ones run again).
@@ -376,7 +377,8 @@ def run_cell(runner: Runner, ex: Example, seed: int, exec_timeout: float) -> dic
     """One timed generation plus its (untimed) quality score, as record fields; errors recorded."""
     try:
         out = runner(ex, seed, None)
-        return {**out, "metric": ex.metric, "quality": ex.score(out["text"], exec_timeout), "error": None}
+        quality, sandbox = ex.evaluate(out["text"], exec_timeout)
+        return {**out, "metric": ex.metric, "quality": quality, "sandbox": sandbox, "error": None}
     except Exception as err:  # recorded in the cell, the grid goes on
         return {"error": _error(err)}
 

