@@ -12,8 +12,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+import time
 
+import httpx
+import openai
 import pytest
 
 from relaxspec.errors import RelaxSpecError
@@ -21,9 +26,15 @@ from relaxspec.methods import (
     MAX_COUNT,
     MAX_DRAFT_TOKENS,
     MAX_DRAFT_WORK,
+    ModelSet,
     method_names,
     resolve_params,
 )
+from relaxspec.models import LoadedModel
+from relaxspec.serve.pool import ServingPool
+from relaxspec.serve.server import BackgroundServer, create_app
+from relaxspec.testing import perturbed_copy
+from relaxspec.train.diffusion import mark_drafter
 
 # --- method parameter bounds --------------------------------------------------------------------
 
@@ -81,3 +92,250 @@ def test_bounds_leave_the_documented_operating_points():
     resolve_params("sdd", {"gamma": MAX_DRAFT_TOKENS, "steps": MAX_DRAFT_WORK // MAX_DRAFT_TOKENS})
     resolve_params("sdd-skip", {"gamma": 32, "k_min": 6, "s_max": 64})
     resolve_params("prove-lossless", {"block_size": 32})
+
+
+# --- a server with the tiny target, draft and diffusion drafter -------------------------------------
+
+MODEL = "tiny"
+API_KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def models(target, draft) -> ModelSet:
+    diffusion = perturbed_copy(target.model, noise=0.2, seed=9)
+    mark_drafter(diffusion, 8, 2)
+    return ModelSet(target=target, draft=draft, diffusion=LoadedModel(diffusion, target.tokenizer, None))
+
+
+def _app(pool: ServingPool, models: ModelSet, **kwargs):
+    return create_app(pool, MODEL, models.target.tokenizer, models.target.context_length, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def served(models):
+    pool = ServingPool(models, "nsd", {"k": 4, "theta": 0.9}, max_concurrency=8, max_queue=16)
+    app = _app(pool, models)
+    with BackgroundServer(app) as url:
+        yield url, pool, app
+
+
+@pytest.fixture(scope="module")
+def url(served) -> str:
+    return served[0]
+
+
+def post(url: str, body: dict | bytes, endpoint: str = "completions", **kwargs) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
+    return httpx.post(f"{url}/v1/{endpoint}", content=content, headers=headers, timeout=60, **kwargs)
+
+
+def assert_serving(url: str) -> None:
+    r = post(url, {"prompt": "w1", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+
+
+class HealthProbe:
+    """Times ``GET /health`` back to back in a thread while something else happens."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                assert client.get(f"{self.url}/health").status_code == 200
+                self.latencies.append(time.perf_counter() - t0)
+                time.sleep(0.02)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+# --- body size and the event loop ------------------------------------------------------------------
+
+BIG = 20 * 1024 * 1024
+
+
+def _big_body() -> bytes:
+    return b'{"prompt": "' + b"w1 " * (BIG // 3) + b'"}'
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_20_mib_body_is_413_while_health_answers(url, framing):
+    body = _big_body()
+    out: dict[str, httpx.Response] = {}
+
+    def chunks():
+        for i in range(0, len(body), 256 * 1024):
+            yield body[i : i + 256 * 1024]
+            time.sleep(0.001)
+
+    def send() -> None:
+        content = body if framing == "content-length" else chunks()
+        out["r"] = httpx.post(
+            f"{url}/v1/completions", content=content, headers={"content-type": "application/json"}, timeout=60
+        )
+
+    with HealthProbe(url) as probe:
+        sender = threading.Thread(target=send)
+        sender.start()
+        sender.join(60)
+        time.sleep(0.1)
+    r = out["r"]
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert probe.latencies and max(probe.latencies) < 1.0, probe.latencies
+    assert_serving(url)
+
+
+def test_tokenizing_a_big_prompt_does_not_block_the_event_loop(url):
+    """Just under the 2 MiB cap: ~650k tokens to count (about a second each) on worker threads."""
+    body = b'{"prompt": "' + b"w1 " * (1_900_000 // 3) + b'"}'
+    statuses: list[int] = []
+
+    def send() -> None:
+        statuses.append(post(url, body).status_code)
+
+    with HealthProbe(url) as probe:
+        senders = [threading.Thread(target=send) for _ in range(2)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(120)
+    assert statuses == [400, 400]  # longer than the context window
+    assert max(probe.latencies) < 1.0, probe.latencies
+
+
+def test_max_body_bytes_is_configurable(models):
+    pool = ServingPool(models, "ar", max_concurrency=1, max_queue=1)
+    with BackgroundServer(_app(pool, models, max_body_bytes=4096)) as small:
+        assert post(small, {"prompt": "w1 " * 2000, "max_tokens": 1}).status_code == 413
+        assert post(small, {"prompt": "w1 " * 10, "max_tokens": 1}).status_code == 200
+    with pytest.raises(RelaxSpecError, match="max_body_bytes"):
+        _app(pool, models, max_body_bytes=10)
+
+
+# --- what used to be a 500 --------------------------------------------------------------------------
+
+LEAKS = ("Traceback", "Error:", "OverflowError", "RecursionError", "ValueError", "TypeError", "Exceeds the")
+DEEP = b'{"prompt": "w1", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+SOMEWHAT_DEEP = b'{"prompt": "w1", "x": ' + b"[" * 40 + b"]" * 40 + b"}"
+
+
+@pytest.mark.parametrize(
+    "body,param,message",
+    [
+        ({"prompt": [2**70]}, "prompt", "less than or equal"),
+        ({"prompt": [[0, 2**40]]}, "prompt", "less than or equal"),
+        (b'{"prompt": "w1", "max_tokens": ' + b"9" * 5000 + b"}", None, "more than 64 digits"),
+        ({"prompt": "w1", "max_tokens": 10**30}, "max_tokens", "less than or equal"),
+        ({"prompt": "w1", "top_k": 10**30}, "top_k", "less than or equal"),
+        (DEEP, None, "nested too deeply"),
+        (SOMEWHAT_DEEP, None, "nested too deeply"),
+        (b'{"prompt": "w1", "relaxspec": {"params": {"\\ud800": 1}}}', "relaxspec.params", "Unicode"),
+        (b'{"prompt": "w1", "user": "\\udc00"}', "user", "Unicode"),
+        (b'{"prompt": "w1", "relaxspec": {"params": {"theta": 1e400}}}', "relaxspec.params", "finite"),
+        ({"prompt": "w1", "relaxspec": {"params": {"theta": [0.5]}}}, "relaxspec.params", "a number"),
+        (
+            {"prompt": "w1", "relaxspec": {"method": "sdd", "params": {"gamma": 300, "steps": 300}}},
+            "relaxspec.params",
+            "gamma",
+        ),
+        (
+            {"prompt": "w1", "relaxspec": {"method": "sdd-skip", "params": {"signal_tau": "x"}}},
+            "relaxspec.params",
+            "signal_tau",
+        ),
+        ({"prompt": "w1", "stop": ["x" * 2000] * 1000}, "stop", "at most 16 stop strings"),
+        ({"prompt": "w1", "stop": "x" * 257}, "stop", "at most 256 characters"),
+        (b"\xff\xfe\x00{", None, "not valid JSON"),
+    ],
+)
+def test_former_500s_are_400s_without_internals(url, body, param, message):
+    r = post(url, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert message in error["message"]
+    assert not any(leak in r.text for leak in LEAKS), r.text
+    assert_serving(url)
+
+
+def test_metrics_count_what_the_client_got(url):
+    """The non-encodable key used to be a plain-text 500 counted as a 400: both agree now."""
+
+    def count(status: str) -> float:
+        text = httpx.get(f"{url}/metrics").text
+        prefix = f'relaxspec_http_requests_total{{endpoint="completions",status="{status}"}}'
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+    before = count("400")
+    r = post(url, b'{"prompt": "w1", "relaxspec": {"params": {"\\ud800": 1}}}')
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert count("400") == before + 1
+    before = count("413")
+    assert post(url, b"{" + b" " * (3 * 1024 * 1024) + b"}").status_code == 413
+    assert count("413") == before + 1
+
+
+def test_unexpected_errors_are_a_generic_json_500(models, monkeypatch):
+    pool = ServingPool(models, "ar", max_concurrency=1, max_queue=1)
+    app = _app(pool, models)
+
+    def broken() -> dict:
+        raise RuntimeError("secret internal detail")
+
+    monkeypatch.setattr(app.state.server, "models", broken)
+    monkeypatch.setattr(app.state.server.pool, "resolve", lambda *a: (_ for _ in ()).throw(KeyError("k9")))
+    with BackgroundServer(app) as base:
+        for r in (httpx.get(f"{base}/v1/models"), post(base, {"prompt": "w1"})):
+            assert r.status_code == 500
+            assert r.json() == {
+                "error": {"message": "internal error", "type": "server_error", "param": None,
+                          "code": "internal_error"}
+            }  # fmt: skip
+            assert "secret" not in r.text and "k9" not in r.text
+
+
+# --- authentication ---------------------------------------------------------------------------------
+
+
+def test_api_key(models):
+    pool = ServingPool(models, "ar", max_concurrency=2, max_queue=2)
+    with BackgroundServer(_app(pool, models, api_key=API_KEY)) as base:
+        body = {"prompt": "w1", "max_tokens": 2}
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": API_KEY},
+                        {"authorization": f"Basic {API_KEY}"}):  # fmt: skip
+            r = post(base, body, headers=headers)
+            assert r.status_code == 401, headers
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert r.headers["www-authenticate"].startswith("Bearer")
+            assert httpx.get(f"{base}/v1/models", headers=headers).status_code == 401
+            assert httpx.get(f"{base}/metrics", headers=headers).status_code == 401
+        # no body is read before the key is checked: an unauthenticated 20 MiB body is a 401
+        assert post(base, _big_body()).status_code == 401
+        good = {"authorization": f"Bearer {API_KEY}"}
+        assert post(base, body, headers=good).status_code == 200
+        assert httpx.get(f"{base}/v1/models", headers=good).status_code == 200
+        assert httpx.get(f"{base}/metrics", headers=good).status_code == 200
+        assert httpx.get(f"{base}/health").status_code == 200  # open, for load balancers
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
+        assert client.completions.create(model=MODEL, prompt="w1", max_tokens=2).usage.completion_tokens
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="nope", max_retries=0).models.list()
+        text = httpx.get(f"{base}/metrics", headers=good).text
+        assert 'relaxspec_http_requests_total{endpoint="completions",status="401"}' in text
+    with pytest.raises(RelaxSpecError, match="API key"):
+        _app(pool, models, api_key="")

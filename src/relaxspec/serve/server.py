@@ -6,10 +6,14 @@
   streaming as server-sent events ending with ``data: [DONE]``),
 - ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text format).
 
-Every request body is validated here (types, ranges, unsupported OpenAI features, the context
-window) and then through the pool (method names and parameters); bad input is answered with a 4xx
-and an OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` body, a full pool with 429
-and ``Retry-After``, and an unexpected failure with a 500 for that request only (DESIGN §7).
+Every request body is validated here (size, JSON nesting and numbers, types, ranges, unsupported
+OpenAI features, stop strings, the context window) and then through the pool (method names and
+parameter bounds); bad input is answered with a 4xx and an OpenAI-style
+``{"error": {"message", "type", "param", "code"}}`` body, a full pool with 429 and ``Retry-After``,
+and an unexpected failure with a 500 for that request only whose body says "internal error" and
+nothing more (the traceback goes to the log) (DESIGN §7). The body is read with a size cap (413)
+and decoded, validated and tokenized on a worker thread, never on the event loop. With an API key,
+every endpoint but ``/health`` needs ``Authorization: Bearer <key>`` (401 otherwise).
 
 The pool's blocking ``submit`` runs on a worker thread per request; committed text reaches the
 event loop through ``loop.call_soon_threadsafe`` into an :class:`asyncio.Queue`. A client that
@@ -25,6 +29,7 @@ Chat template (our models are base LMs, not chat-tuned): each message becomes on
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import threading
@@ -35,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -49,7 +54,10 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import GenerationResult, GenerationStats
@@ -62,6 +70,15 @@ log = logging.getLogger("relaxspec.serve.server")
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RETRY_AFTER_SECONDS = 1
+
+# Limits on what one request may ask for (DESIGN §7; docs/server.md "Limits").
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # request body; more is a 413 (`--max-body-bytes`)
+MAX_JSON_DEPTH = 32  # nesting of the JSON body (OpenAI bodies need about 5)
+MAX_JSON_INT_DIGITS = 64  # digits of an integer in the body (more: 400 before any conversion)
+MAX_STOP_STRINGS = 16  # OpenAI allows 4
+MAX_STOP_CHARS = 256  # characters per stop string
+MAX_INT = 2**31 - 1  # token ids, max_tokens, top_k
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}  # metrics label
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +109,20 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class ErrorResponse(JSONResponse):
+    """JSON with non-ASCII characters escaped: an error message that quotes the request (a parameter
+    name with a lone surrogate, say) always encodes, so the client gets the 4xx the metrics count."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def internal_error() -> APIError:
+    """The 500 a client sees: no exception text (that goes to the log only)."""
+    return APIError(500, "internal error", type_="server_error", code="internal_error")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -141,9 +171,7 @@ def _error_from_exception(err: BaseException) -> APIError:
     if isinstance(err, RelaxSpecError):
         return bad_request(str(err))
     log.error("request failed", exc_info=err)
-    return APIError(
-        500, f"internal error: {type(err).__name__}: {err}", type_="server_error", code="internal_error"
-    )
+    return internal_error()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,14 +194,17 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT)]
+
+
 class _Sampling(_Strict):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)  # extension (0 = off)
+    top_k: int | None = Field(None, ge=0, le=MAX_INT)  # extension (0 = off)
     ignore_eos: bool | None = None  # extension (as in vLLM): generate through EOS up to max_tokens
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
@@ -188,7 +219,7 @@ class _Sampling(_Strict):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     echo: bool | None = None
     logprobs: int | None = None
     best_of: int | None = None
@@ -208,7 +239,7 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
@@ -301,6 +332,93 @@ class ServerConfig:
     default_max_tokens: int = 16
     poll_interval: float = 0.2
     chat_template: ChatTemplate = field(default_factory=ChatTemplate)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_key: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The request body: size, JSON, nesting, numbers, text
+
+
+def too_large(cap: int) -> APIError:
+    return APIError(
+        413, f"the request body exceeds this server's limit of {cap} bytes", code="request_too_large"
+    )
+
+
+class _NumberTooLarge(ValueError):
+    pass
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > MAX_JSON_INT_DIGITS + 1:  # before int(): no quadratic conversion of 4,000 digits
+        raise _NumberTooLarge
+    return int(text)
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body; a 400 for anything else: bad JSON, nesting deeper than
+    :data:`MAX_JSON_DEPTH`, an integer of more than :data:`MAX_JSON_INT_DIGITS` digits, text (keys
+    included) that is not valid Unicode (lone surrogates written as ``\\ud800``)."""
+    try:
+        body = json.loads(raw, parse_int=_parse_int)
+    except _NumberTooLarge:
+        raise bad_request(
+            f"an integer in the request body has more than {MAX_JSON_INT_DIGITS} digits", code="invalid_value"
+        ) from None
+    except RecursionError:
+        raise _too_deep() from None
+    except json.JSONDecodeError as err:
+        raise bad_request(f"the request body is not valid JSON: {err}", code="invalid_json") from None
+    except ValueError:  # UnicodeDecodeError (not UTF-8/16/32) and other decoding failures
+        raise bad_request("the request body is not valid JSON text", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    _check_tree(body)
+    return body
+
+
+def _too_deep() -> APIError:
+    return bad_request(
+        f"the request body is nested too deeply (at most {MAX_JSON_DEPTH} levels)", code="invalid_json"
+    )
+
+
+def _check_tree(body: dict[str, Any]) -> None:
+    """Depth and Unicode of a decoded body, without recursion (``param``: the dotted path)."""
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(body, 1, ())]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _too_deep()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not _is_unicode(key):
+                    raise _not_unicode(path, "a key in it is not")
+                if isinstance(value, dict | list | str):
+                    stack.append((value, depth + 1, (*path, key)))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                if isinstance(value, dict | list | str):
+                    stack.append((value, depth + 1, (*path, i)))
+        elif not _is_unicode(node):
+            raise _not_unicode(path, "not")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_unicode(path: tuple[Any, ...], what: str) -> APIError:
+    """400 naming the field (``path``, dotted) whose text, or one of whose keys, is not Unicode."""
+    where = ".".join(str(p) for p in path) or None
+    return bad_request(
+        f"{where or 'the body'}: {what} valid Unicode text (a lone surrogate)", where, "invalid_value"
+    )
 
 
 def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> str | list[int]:
@@ -327,7 +445,8 @@ def _count_tokens(config: ServerConfig, prompt: str | list[int], param: str) -> 
     try:
         return len(config.tokenizer(prompt)["input_ids"])
     except Exception as err:
-        raise bad_request(f"{param}: cannot be tokenized ({err})", param, "invalid_value") from None
+        log.warning("a %s could not be tokenized: %r", param, err)
+        raise bad_request(f"{param}: cannot be tokenized", param, "invalid_value") from None
 
 
 def _max_tokens(
@@ -370,9 +489,19 @@ def _max_tokens(
 
 
 def _stops(stop: str | list[str] | None, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The stop strings: non-empty, at most MAX_STOP_STRINGS of at most MAX_STOP_CHARS each (the
+    engine scans them at every committed chunk)."""
     given = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in given):
         raise bad_request("stop strings must be non-empty", "stop", "invalid_value")
+    if len(given) > MAX_STOP_STRINGS:
+        raise bad_request(
+            f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(given)}", "stop", "invalid_value"
+        )
+    if any(len(s) > MAX_STOP_CHARS for s in given):
+        raise bad_request(
+            f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop", "invalid_value"
+        )
     return tuple(dict.fromkeys([*given, *extra]))
 
 
@@ -724,6 +853,9 @@ class Server:
         except APIError as err:
             self.metrics.request_done(endpoint, err.status)
             return err.response()
+        except ClientDisconnect:  # gone while sending the body
+            self.metrics.request_done(endpoint, 499)
+            return Response(status_code=499)
         except Exception as err:  # a bug in parsing: this request only
             api = _error_from_exception(err)
             self.metrics.request_done(endpoint, api.status)
@@ -737,19 +869,50 @@ class Server:
             self._finish(run)
 
     async def _parse(self, request: Request, endpoint: str) -> Job:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise bad_request(f"the request body is not valid JSON: {err}", code="invalid_json") from None
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object", code="invalid_json")
+        """Read the body (capped), then decode, validate and tokenize it on a worker thread."""
+        raw = await self._read_body(request)
+        return await run_in_threadpool(self._build, raw, endpoint)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused (413) as soon as it passes ``max_body_bytes``, whatever its framing."""
+        cap = self.config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise too_large(cap)
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > cap:
+                raise too_large(cap)
+        return bytes(raw)
+
+    def _build(self, raw: bytes, endpoint: str) -> Job:
+        body = decode_body(raw)
         model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         try:
             req = model.model_validate(body)
         except ValidationError as err:
             raise _validation_error(err) from None
         return build_job(self.config, self.pool, req)
+
+    def admit(self, scope: Scope) -> APIError | None:
+        """Checks made before a request is routed and its body read: the API key (every path but
+        ``/health``) and a declared body size over the cap."""
+        headers = dict(scope.get("headers") or [])
+        key = self.config.api_key
+        if key is not None and scope.get("path") != "/health":
+            given = headers.get(b"authorization")
+            if given is None:
+                return _unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+            if not hmac.compare_digest(given, b"Bearer " + key.encode()):
+                return _unauthorized("invalid API key")
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return bad_request("invalid Content-Length header", code="invalid_request")
+            if int(declared) > self.config.max_body_bytes:
+                return too_large(self.config.max_body_bytes)
+        return None
 
     async def _complete(self, request: Request, run: Run) -> Response:
         job = run.job
@@ -862,6 +1025,31 @@ class Server:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
+def _unauthorized(message: str) -> APIError:
+    return APIError(
+        401, message, code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="relaxspec"'}
+    )
+
+
+class Guard:
+    """ASGI middleware in front of the routes: :meth:`Server.admit` (API key, declared body size)
+    answered before any body is read; such refusals of a generation endpoint count in the metrics."""
+
+    def __init__(self, app: ASGIApp, server: Server) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = self.server.admit(scope) if scope["type"] == "http" else None
+        if error is None:
+            await self.app(scope, receive, send)
+            return
+        endpoint = ENDPOINTS.get(scope.get("path", ""))
+        if endpoint is not None and scope.get("method") == "POST":
+            self.server.metrics.request_done(endpoint, error.status)
+        await error.response()(scope, receive, send)
+
+
 def create_app(
     pool: ServingPool,
     model_name: str,
@@ -872,6 +1060,8 @@ def create_app(
     default_max_tokens: int = 16,
     poll_interval: float = 0.2,
     chat_template: ChatTemplate | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible app over ``pool``.
 
@@ -879,7 +1069,8 @@ def create_app(
     ``max_tokens_cap`` bounds ``max_tokens`` (None: only the context window does);
     ``default_max_tokens`` is the completions default (OpenAI's is 16; chat defaults to the room
     left in the context, within the cap); ``poll_interval`` is how often a waiting request checks
-    whether its client is still connected.
+    whether its client is still connected; ``max_body_bytes`` caps a request body (413 beyond);
+    ``api_key``: if set, every endpoint but ``/health`` needs ``Authorization: Bearer <api_key>``.
     """
     disable_created_metrics()  # no *_created series next to every counter (process-wide setting)
     if context_length < 2:
@@ -888,6 +1079,10 @@ def create_app(
         raise RelaxSpecError(f"max_tokens_cap must be >= 1, got {max_tokens_cap}")
     if default_max_tokens < 1:
         raise RelaxSpecError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    if max_body_bytes < 1024:
+        raise RelaxSpecError(f"max_body_bytes must be >= 1024, got {max_body_bytes}")
+    if api_key is not None and (not api_key or not api_key.isprintable() or not api_key.isascii()):
+        raise RelaxSpecError("the API key must be a non-empty string of printable ASCII characters")
     config = ServerConfig(
         model_name,
         tokenizer,
@@ -896,6 +1091,8 @@ def create_app(
         default_max_tokens,
         poll_interval,
         chat_template or ChatTemplate(),
+        max_body_bytes,
+        api_key,
     )
     server = Server(pool, config)
 
@@ -906,11 +1103,17 @@ def create_app(
 
     app = FastAPI(title="relaxspec", version="0.1.0", lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(Guard, server=server)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else None
         return APIError(exc.status_code, str(exc.detail), param=None, code=code).response()
+
+    @app.exception_handler(Exception)
+    async def server_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=exc)
+        return internal_error().response()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
