@@ -33,12 +33,14 @@ modules cannot change it). It refuses frames (``sys._getframe``, ``tb_frame``, `
 ``gc`` introspection, tracing, crafted code objects and ``marshal``, another audit hook,
 ``ctypes``, ``_posixsubprocess``, ``subprocess``, ``multiprocessing``, ``sqlite3``, a second copy
 of an already loaded built-in module, native code from outside the interpreter's own
-directories, process creation, signals, sockets, ``/proc``, chmod / chown / links / ``utime``,
+directories, process creation, signals, sockets, ``/proc``, device nodes other than
+``/dev/null``, ``zero``, ``full``, ``random`` and ``urandom``, chmod / chown / links / ``utime``,
 and any write, delete, rename or directory descriptor outside the working directory, and more
 than :data:`MAX_CREATED` new files (guard-only, with no tmpfs to cap the total:
 :data:`GUARD_ONLY_FILES` files of at most ``disk_mb / GUARD_ONLY_FILES`` each). What CPython
 3.11 does not audit is removed from the modules: ``os.pidfd_open``, ``signal.pidfd_send_signal``,
-``os.mknod``, ``os.mkfifo``, ``os.chroot``, ``gc.set_debug``.
+``os.mknod``, ``os.mkfifo``, ``os.chroot``, ``os.setpriority``, ``os.sched_set*``,
+``gc.set_debug``.
 
 **The verdict** cannot be forged by exiting early, printing, or editing the tests: the parent
 sends a random nonce through a pipe that the harness reads and closes *before* any untrusted code
@@ -213,11 +215,15 @@ def _harness():
             _fail(None, "sandbox: the tests define no check(candidate) function")
     entry = spec.get("entry_point")
     guarded = not spec.get("unguarded")  # tests only: shows the namespaces hold on their own
+    UNAUDITED = (  # os functions CPython 3.11 raises no audit event for, that act outside
+        "pidfd_open", "mknod", "mkfifo", "chroot", "setns", "unshare", "setpriority",
+        "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+    )
 
     # --- remove what the audit hook cannot see ------------------------------------------------
     for module, names in () if not guarded else (
-        (posix, ("pidfd_open", "mknod", "mkfifo", "chroot", "setns", "unshare")),
-        (os, ("pidfd_open", "mknod", "mkfifo", "chroot", "setns", "unshare")),
+        (posix, UNAUDITED),
+        (os, UNAUDITED),
         (_signal, ("pidfd_send_signal",)),
         (signal, ("pidfd_send_signal",)),
         (gc, ("set_debug",)),
@@ -278,6 +284,7 @@ def _harness():
         "_testimportmultiple", "_testclinic", "_xxtestfuzz", "_ctypes_test", "_tkinter",
         "tkinter", "pty", "_imp", "posix", "_signal", "gc", "_thread", "builtins", "sys",
     ))
+    _DEVICES = frozenset(("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"))
     _FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"))
     _SET_ATTRS = frozenset(("__code__",))
 
@@ -365,6 +372,10 @@ def _harness():
         full = _normal(text)
         if full == "/proc" or full.startswith("/proc/"):
             _deny("opening " + full)
+        if full.startswith("/dev/"):
+            if full not in _DEVICES:
+                _deny("opening " + full)
+            return  # /dev/null and the like
         mode = mode if _type(mode) is _str else ""
         flags = flags if _type(flags) is _int else 0
         writes = (flags & _WRITE) != 0 or "w" in mode or "a" in mode or "x" in mode or "+" in mode
