@@ -672,6 +672,13 @@ def test_results_say_which_isolation_they_ran_under(mode):
     assert result.passed and result.isolation == mode and result.trusted == (mode == NAMESPACES)
 
 
+def test_a_broken_sandbox_is_an_error_not_a_score(monkeypatch, problems):
+    broken = sandbox.ExecResult("error", "sandbox setup failed: test", NAMESPACES)
+    monkeypatch.setattr(sandbox, "_run", lambda spec, limits: broken)
+    with pytest.raises(RelaxSpecError, match="setup failed"):
+        check_completion(problems["HumanEval/0"], problems["HumanEval/0"]["canonical_solution"])
+
+
 def test_sandbox_mode_can_be_forced_or_required(monkeypatch):
     monkeypatch.setenv("RELAXSPEC_SANDBOX", "guard-only")
     assert sandbox._mode.__wrapped__()[0] == GUARD_ONLY

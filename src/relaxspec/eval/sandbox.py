@@ -706,7 +706,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class ExecResult:
-    """``status`` is ``passed``, ``failed`` or ``timed out``; ``detail`` says why.
+    """``status`` is ``passed``, ``failed``, ``timed out`` or ``error`` (the sandbox could not be
+    set up: no verdict); ``detail`` says why.
 
     ``passed`` means proven: the harness wrote the run's nonce after the program's top level ran
     to its end (and, for a HumanEval problem, after ``check(candidate)`` returned), and the process
@@ -930,7 +931,7 @@ def _run_namespaces(run: _Run) -> ExecResult:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         return run.verdict(code, NAMESPACES)
-    except _SetupError as err:
+    except (_SetupError, OSError, subprocess.SubprocessError) as err:  # e.g. id maps refused
         stderr = (run.dir / "stderr").read_text(encoding="utf-8", errors="replace")
         detail = str(err) if str(err) not in ("", "None") else _tail(stderr) or "launcher died"
         return ExecResult("error", f"sandbox setup failed: {detail}", NAMESPACES)
@@ -997,7 +998,10 @@ def _mode() -> tuple[str, bool, str]:
         raise RelaxSpecError(f"RELAXSPEC_SANDBOX must be auto, {NAMESPACES} or {GUARD_ONLY}, got {want!r}")
     why = "forced by RELAXSPEC_SANDBOX"
     if want != GUARD_ONLY:
-        result = _execute({"program": "pass\n"}, Limits(timeout=30), NAMESPACES, False)
+        try:
+            result = _execute({"program": "pass\n"}, Limits(timeout=30), NAMESPACES, False)
+        except (OSError, subprocess.SubprocessError) as err:
+            result = ExecResult("error", f"sandbox setup failed: {err}", NAMESPACES)
         if result.passed:
             return NAMESPACES, False, ""
         why = result.detail
@@ -1078,4 +1082,7 @@ def check_completion(problem: dict, completion: str, timeout: float = 10.0) -> E
         "test": problem["test"],
         "entry_point": problem["entry_point"],
     }
-    return _run(spec, Limits(timeout=timeout))
+    result = _run(spec, Limits(timeout=timeout))
+    if result.status == "error":  # the sandbox broke, not the completion: no score
+        raise RelaxSpecError(result.detail)
+    return result
