@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import threading
 import time
 
@@ -339,3 +340,207 @@ def test_api_key(models):
         assert 'relaxspec_http_requests_total{endpoint="completions",status="401"}' in text
     with pytest.raises(RelaxSpecError, match="API key"):
         _app(pool, models, api_key="")
+
+
+# --- one request with adversarial parameters beside a normal one -------------------------------------
+
+NORMAL = {"prompt": "w1 w2", "max_tokens": 32, "temperature": 0, "ignore_eos": True}
+# The heaviest request the bounds allow on this context: the largest diffusion draft per cycle
+# (gamma x steps = 64 x 16), the most and longest stop strings, a long prompt, the whole context.
+ADVERSARY = {
+    "prompt": " ".join(["w3"] * 40),
+    "max_tokens": 80,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stop": [(f"w{i} " * 100)[:256] for i in range(16)],
+    "relaxspec": {"method": "sdd", "params": {"gamma": 64, "steps": 16}},
+}
+
+
+def _timed(client: httpx.Client, body: dict) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return time.perf_counter() - t0, r.json()
+
+
+class Adversary:
+    """Sends ADVERSARY back to back from a thread until stopped."""
+
+    def __init__(self, url: str, pool: ServingPool, body: dict = ADVERSARY) -> None:
+        self.url, self.pool, self.body = url, pool, body
+        self.done: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=300) as client:
+            while not self._stop.is_set():
+                self.done.append(_timed(client, self.body)[1])
+
+    def __enter__(self) -> Adversary:
+        jobs = self.pool.batcher.exclusive_jobs
+        self._thread.start()
+        assert _wait_for(lambda: self.pool.batcher.exclusive_jobs > jobs + 16), "the adversary never started"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(300)
+
+
+def _wait_for(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_adversarial_request_keeps_a_normal_one_within_2x(served):
+    """Median latency of a normal request (nsd, 32 tokens) alone and beside a back-to-back stream of
+    the heaviest request the bounds allow, same process. Before fair scheduling it was ~10x: lockstep
+    batching made every step of the normal request wait for a whole 16-forward diffusion draft."""
+    url, pool, _ = served
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for _ in range(2):
+            _timed(client, NORMAL)  # warm-up
+        alone = [_timed(client, NORMAL) for _ in range(5)]
+        deferrals = pool.batcher.deferrals
+        with Adversary(url, pool) as adversary:
+            beside = [_timed(client, NORMAL) for _ in range(5)]
+            in_flight = pool.active
+        alone += [_timed(client, NORMAL) for _ in range(3)]
+    ratio = statistics.median(t for t, _ in beside) / statistics.median(t for t, _ in alone)
+    print(f"normal request alone {statistics.median(t for t, _ in alone):.3f}s, beside "
+          f"{statistics.median(t for t, _ in beside):.3f}s: {ratio:.2f}x")  # fmt: skip
+    assert ratio < 2.0, (alone, beside)
+    assert pool.batcher.deferrals > deferrals  # the adversary was held back, not just absent
+    assert (in_flight >= 1 and adversary.done) or pool.batcher.deferrals > deferrals
+    texts = {out["choices"][0]["text"] for _, out in alone + beside}
+    assert len(texts) == 1  # and the normal request's output did not change (greedy)
+
+
+# --- one failing row of a batched forward ---------------------------------------------------------------
+
+POISON_AT = 60  # a batched forward that reaches this position fails (a row-specific bug)
+
+
+def test_a_forward_failing_for_one_row_fails_only_that_request(target, monkeypatch):
+    """Layer 1 raises mid-forward (after layer 0 extended the shared KV cache) whenever a row
+    reaches position 60: only the long request fails; the others, batched with it, complete with
+    exactly their outputs alone."""
+    import torch
+
+    from relaxspec.core.sampling import SamplingParams
+
+    models = ModelSet(target=target)
+    prompts = ["w1", "w2 w3", "w4 w5 w6", " ".join(["w7"] * (POISON_AT - 1))]  # the last: 60 tokens
+    params = SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True)
+    alone_pool = ServingPool(models, "ar", batching=False)
+    expected = [alone_pool.submit(p, params).tokens for p in prompts[:3]]
+
+    layer = target.model.model.layers[1]
+    original = layer.forward
+    failures = []
+
+    def poisoned(*args, **kwargs):
+        positions = kwargs.get("position_ids")
+        if positions is not None and int(positions.max()) >= POISON_AT:
+            failures.append(int(positions.shape[0]))
+            raise RuntimeError("poisoned row")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(layer, "forward", poisoned)
+    pool = ServingPool(models, "ar", batching=True, max_concurrency=8)
+    results: list = [None] * 4
+    start = threading.Barrier(4)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = pool.submit(prompts[i], params).tokens
+        except Exception as err:
+            results[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert isinstance(results[3], RuntimeError) and "poisoned" in str(results[3])
+    assert results[:3] == expected
+    assert max(failures) > 1  # it failed inside a batched forward of several rows ...
+    assert pool.batcher.retried_rows >= 2  # ... whose rows were then re-run one by one
+    assert pool.stats.failed == 1 and pool.stats.completed == 3
+    assert torch.is_inference_mode_enabled() is False
+
+
+# --- cancellation ---------------------------------------------------------------------------------------
+
+
+def test_disconnect_frees_the_slot_within_a_cycle(served):
+    """A streamed heavy request (long cycles, held back by fair scheduling beside a normal load) whose
+    client leaves after the first chunk gives its slot back within about one engine cycle."""
+    url, pool, _ = served
+    with httpx.Client(base_url=url, timeout=120) as client:
+        _, alone = _timed(client, ADVERSARY)
+    usage = alone["usage"]["relaxspec"]
+    cycle = usage["seconds"] / usage["cycles"]
+    background = Adversary(url, pool, {**NORMAL, "max_tokens": 64})  # a normal load, back to back
+    background._thread.start()
+    try:
+        cancelled = pool.stats.cancelled
+        body = {**ADVERSARY, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # the first chunk: decoding has started; now the client leaves
+            left = time.perf_counter()
+        assert _wait_for(lambda: pool.stats.cancelled == cancelled + 1, timeout=10)
+        freed = time.perf_counter() - left
+    finally:
+        background._stop.set()
+        background._thread.join(120)
+    print(f"slot freed {freed:.3f}s after the disconnect; one cycle alone: {cycle:.3f}s, "
+          f"the whole request alone: {usage['seconds']:.2f}s")  # fmt: skip
+    assert freed < cycle + 0.25, (freed, cycle)
+    assert _wait_for(lambda: pool.active == 0)
+    assert_serving(url)
+
+
+def test_cancel_takes_effect_within_one_forward_not_one_cycle(models, monkeypatch):
+    """Each drafter forward takes 50 ms, so one sdd cycle (16 of them) takes 0.8 s: a cancel set
+    mid-cycle stops the request at its next forward."""
+    from relaxspec.core.sampling import SamplingParams
+    from relaxspec.engine.proposers.diffusion import DiffusionLM
+    from relaxspec.errors import Cancelled
+
+    original = DiffusionLM.forward_block
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.05)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DiffusionLM, "forward_block", slow)
+    pool = ServingPool(models, "sdd", {"gamma": 64, "steps": 16})
+    cancel, started, outcome = threading.Event(), threading.Event(), []
+
+    def run() -> None:
+        params = SamplingParams(temperature=0, max_new_tokens=60, ignore_eos=True)
+        try:
+            pool.submit("w1 w2", params, on_chunk=lambda text, ids: started.set(), cancel=cancel)
+        except Cancelled as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(30)  # one cycle done
+    time.sleep(0.2)  # in the middle of the next one
+    t0 = time.perf_counter()
+    cancel.set()
+    assert _wait_for(lambda: pool.active == 0, timeout=10)
+    freed = time.perf_counter() - t0
+    thread.join(30)
+    assert outcome and pool.stats.cancelled == 1
+    assert freed < 0.3, freed  # one forward (50 ms), not the rest of the 0.8 s cycle

@@ -16,3 +16,9 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`RelaxSpecError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise RelaxSpecError(message)
+
+
+class Cancelled(Exception):
+    """A generation was cancelled (e.g. its client disconnected); not bad input, so not a
+    :class:`RelaxSpecError`. :meth:`relaxspec.engine.Engine.generate` raises it at the start of the
+    first cycle after its ``cancel`` event is set."""

@@ -20,28 +20,59 @@ The shared cache is exact per row without copying caches around:
   alone; holes are compacted away when they outnumber valid slots.
 
 A new row's prompt is prefilled alone and then inserted, so long prompts never pad the batch.
+
+Fair scheduling (DESIGN §7: one request must not stall the others). Lockstep alone would let one
+request with costly cycles set everyone's pace. So the batcher tells *cheap* work (a row's forward
+of at most ``long_input`` tokens, a prefill) from *costly* work: a row's forward of more tokens
+(it pads every row of the batch), and exclusive jobs, the forwards of models an engine runs
+privately — the diffusion drafter, whose block mask cannot share a batch — which are routed
+through the step loop one forward at a time. Costly work is charged to its generation's
+``credit`` (seconds); while cheap work of others is waiting, a generation in debt is deferred
+(its work stays pending, the others step without it) and earns ``share`` × the time the others'
+step took. So beside other requests a heavy one gets about ``share`` of the time and the others
+keep at least ``1 / (1 + share)`` of their pace alone; with nothing else waiting it runs at full
+speed (work-conserving).
+
+A forward that raises fails only the rows that cause it: the shared cache is restored and the
+rows are retried one by one. A generation whose ``cancel`` event is set leaves while it waits.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from relaxspec.core.sampling import check_finite
 from relaxspec.engine.kv import CachedLM, lm_factory, model_logits
+from relaxspec.errors import Cancelled
+
+CANCEL_POLL_SECONDS = 0.05  # how often a waiting generation checks its cancel event
 
 
-@dataclass
+@dataclass(eq=False)
+class _Generation:
+    """One running generation as the fair scheduler sees it."""
+
+    cancel: threading.Event | None = None
+    credit: float = 0.0  # seconds; < 0: it used more than its share of costly work (deferred)
+    deferred: int = 0  # steps it was held back
+
+
+@dataclass(eq=False)
 class _Request:
-    row: RowLM
-    tokens: torch.Tensor  # [1, L_i]
+    row: RowLM | None  # None for an exclusive job
+    tokens: torch.Tensor | None  # [1, L_i]
     keep: int  # logits of the last `keep` fed positions (0 = all)
-    result: torch.Tensor | None = None
+    gen: _Generation | None = None
+    job: Callable[[], Any] | None = None  # exclusive work (a private model's forward)
+    result: Any = None
     error: BaseException | None = None
     done: bool = False
 
@@ -170,9 +201,13 @@ class SharedCache:
             new_valid[b, :n] = True
             new_pos[b, :n] = row.length + torch.arange(n)
         attention = torch.cat([self.valid, new_valid], dim=1).long()
-        logits = model_logits(
-            self.model, input_ids, self.cache, attention_mask=attention, position_ids=new_pos.clamp(min=0)
-        )
+        try:
+            logits = model_logits(
+                self.model, input_ids, self.cache, attention_mask=attention, position_ids=new_pos.clamp(min=0)
+            )
+        except BaseException:
+            self._truncate(T)  # layers the failed forward already extended: back to T slots
+            raise
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.position = torch.cat([self.position, new_pos], dim=1)
         for b, row in enumerate(self.rows):
@@ -186,6 +221,11 @@ class SharedCache:
         self._trim_tail()
         self._compact_if_sparse()
         del T
+
+    def _truncate(self, length: int) -> None:
+        for layer in _layers(self.cache):
+            if layer.keys is not None and layer.keys.shape[-2] > length:
+                layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
 
     def _trim_tail(self) -> None:
         """Crop trailing columns that are holes in every row."""
@@ -227,14 +267,24 @@ class RowLM(CachedLM):
 
 @dataclass
 class Batcher:
-    """Lockstep coordinator of the sequences registered with it (one per running request)."""
+    """Lockstep coordinator of the sequences registered with it (one per running request).
 
+    long_input: a row's forward of more tokens than this is costly (it pads the whole batch);
+    share: the time a generation in debt earns per second the others step (see the module doc).
+    """
+
+    long_input: int = 16
+    share: float = 0.5
     active: int = 0
     steps: int = 0  # batched forward passes run
     rows_per_step: list[int] = field(default_factory=list)
+    exclusive_jobs: int = 0  # private-model forwards run through the step loop
+    deferrals: int = 0  # times a generation in debt was held back for a step
+    retried_rows: int = 0  # rows re-run alone after a batched forward failed
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _pending: list[_Request] = field(default_factory=list)
     _shared: dict[int, SharedCache] = field(default_factory=dict)
+    _local: threading.local = field(default_factory=threading.local)
 
     @contextmanager
     def building(self) -> Iterator[list[RowLM]]:
@@ -250,18 +300,47 @@ class Batcher:
             yield rows
 
     @contextmanager
-    def running(self, rows: list[RowLM]) -> Iterator[None]:
-        """Register one generation (its engine's ``rows``) while it runs; free its rows after."""
+    def running(
+        self, rows: list[RowLM], cancel: threading.Event | None = None, engine: Any = None
+    ) -> Iterator[None]:
+        """Register one generation (its engine's ``rows``) while it runs in this thread; free its
+        rows after. ``engine``: its private models' forwards become exclusive jobs (fair-share
+        scheduled); ``cancel``: once set, a wait of this generation raises
+        :class:`~relaxspec.errors.Cancelled`."""
+        gen = _Generation(cancel)
+        gated = self._gate(engine, gen) if engine is not None else []
+        self._local.gen = gen
         with self._cond:
             self.active += 1
         try:
             yield
         finally:
+            self._local.gen = None
+            for lm, name in gated:
+                delattr(lm, name)  # the class's own method again
             with self._cond:
                 for row in rows:
                     self._release_locked(row)
                 self.active -= 1
                 self._maybe_run_locked()
+
+    def _gate(self, engine: Any, gen: _Generation) -> list[tuple[CachedLM, str]]:
+        """Route the forwards of ``engine``'s private (non-row) models through :meth:`_exclusive`."""
+        gated = []
+        for part in (engine.verifier, engine.shadow, engine.proposer):
+            lm = getattr(part, "lm", None)
+            if not isinstance(lm, CachedLM) or isinstance(lm, RowLM):
+                continue
+            for name in ("forward", "forward_block"):
+                method = getattr(lm, name, None)
+                if method is not None:
+
+                    def gated_call(*args: Any, _method: Callable = method, **kwargs: Any) -> Any:
+                        return self._exclusive(gen, lambda: _method(*args, **kwargs))
+
+                    setattr(lm, name, gated_call)
+                    gated.append((lm, name))
+        return gated
 
     def _shared_for(self, model: PreTrainedModel) -> SharedCache:
         shared = self._shared.get(id(model))
@@ -270,16 +349,32 @@ class Batcher:
         return shared
 
     def submit(self, row: RowLM, tokens: torch.Tensor, keep: int) -> torch.Tensor:
+        req = _Request(row, tokens.cpu(), keep, getattr(self._local, "gen", None))
+        self._run(req)
+        assert req.result is not None
+        return req.result
+
+    def _exclusive(self, gen: _Generation, job: Callable[[], Any]) -> Any:
+        """Run ``job`` (a private model's forward) inside a step, as costly work of ``gen``."""
+        req = _Request(None, None, 0, gen, job)
+        self._run(req)
+        return req.result
+
+    def _run(self, req: _Request) -> None:
+        """Queue ``req``, take part in the steps until it is done; raise its error."""
+        cancel = req.gen.cancel if req.gen is not None else None
+        if cancel is not None and cancel.is_set():
+            raise Cancelled()  # within one forward of the cancel, not only at the next cycle
         with self._cond:
-            req = _Request(row, tokens.cpu(), keep)
             self._pending.append(req)
             self._maybe_run_locked()
             while not req.done:
-                self._cond.wait()
+                self._cond.wait(CANCEL_POLL_SECONDS if cancel is not None else None)
+                if not req.done and cancel is not None and cancel.is_set() and req in self._pending:
+                    self._pending.remove(req)
+                    raise Cancelled()
         if req.error is not None:
             raise req.error
-        assert req.result is not None
-        return req.result
 
     def rollback(self, row: RowLM, length: int) -> None:
         with self._cond:
@@ -296,18 +391,67 @@ class Batcher:
         if shared is not None:
             shared.remove(row)
 
+    # --- the step ---------------------------------------------------------------------------------
+
+    def _costly(self, req: _Request) -> bool:
+        if req.job is not None:
+            return True
+        assert req.row is not None and req.tokens is not None
+        shared = self._shared.get(id(req.row.model))
+        prefill = shared is None or req.row not in shared.rows
+        return not prefill and req.tokens.shape[1] > self.long_input
+
     def _maybe_run_locked(self) -> None:
-        """Run the step once every active sequence is waiting on a forward."""
+        """Run a step once every active sequence is waiting on a forward (or a job).
+
+        Cheap work always runs; costly work runs if its generation is not in debt or if there is
+        no cheap work to wait for it. Deferred work stays pending for the next step.
+        """
         if not self._pending or len(self._pending) < self.active:
             return
         pending, self._pending = self._pending, []
+        costly = [req for req in pending if self._costly(req)]
+        cheap = [req for req in pending if req not in costly]
+        deferred = [r for r in costly if r.gen is not None and r.gen.credit < 0] if cheap else []
+        runnable = [r for r in pending if r not in deferred]
+        charges: dict[int, float] = {}  # id(gen) -> seconds of costly work this step
+        others = 0.0  # seconds of this step spent on cheap-only work
         groups: dict[int, list[_Request]] = {}
-        for req in pending:
-            groups.setdefault(id(req.row.model), []).append(req)
+        for req in runnable:
+            if req.job is None:
+                assert req.row is not None
+                groups.setdefault(id(req.row.model), []).append(req)
         for reqs in groups.values():
+            t0 = time.perf_counter()
             self._run_group(reqs)
-        for req in pending:
+            spent = time.perf_counter() - t0
+            payers = [r.gen for r in reqs if r.gen is not None and r in costly]
+            for gen in payers:
+                charges[id(gen)] = charges.get(id(gen), 0.0) + spent / len(payers)
+            if not payers:
+                others += spent
+        for req in runnable:
+            if req.job is not None:
+                t0 = time.perf_counter()
+                try:
+                    req.result = req.job()
+                except Exception as err:
+                    req.error = err
+                self.exclusive_jobs += 1
+                if req.gen is not None:
+                    charges[id(req.gen)] = charges.get(id(req.gen), 0.0) + time.perf_counter() - t0
+        for req in runnable:
+            gen = req.gen
+            if gen is not None and id(gen) in charges:
+                # beside cheap work: pay for it (debt defers the next costly work); alone: free
+                gen.credit = min(gen.credit, 0.0) - charges.pop(id(gen)) if cheap else 0.0
             req.done = True
+        for req in deferred:
+            assert req.gen is not None
+            req.gen.credit += self.share * max(others, 1e-3)
+            req.gen.deferred += 1
+            self.deferrals += 1
+        self._pending = deferred
         self._cond.notify_all()
 
     def _run_group(self, reqs: list[_Request]) -> None:
@@ -327,8 +471,17 @@ class Batcher:
                 self.steps += 1
                 self.rows_per_step.append(len(batched))
             except Exception as err:
-                for req in batched:
-                    req.error = err
+                if len(batched) == 1:
+                    batched[0].error = err
+                    return
+                for req in batched:  # isolate the failure: each row alone, only its own fails
+                    self.retried_rows += 1
+                    try:
+                        shared.forward([req])
+                        self.steps += 1
+                        self.rows_per_step.append(1)
+                    except Exception as row_err:
+                        req.error = row_err
 
     @torch.inference_mode()
     def _prefill(self, shared: SharedCache, req: _Request) -> None:

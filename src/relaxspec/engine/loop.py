@@ -15,6 +15,7 @@ committed tokens (see :mod:`relaxspec.engine.kv`).
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from relaxspec.engine.proposers.base import Proposal, Proposer
 from relaxspec.engine.schedulers import Scheduler, SchedulerState, Strict
 from relaxspec.engine.stats import GenerationResult, GenerationStats
 from relaxspec.engine.verifier import Verifier
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import Cancelled, RelaxSpecError
 
 ChunkCallback = Callable[[str, list[int]], None]  # (new text, new token ids) per committed chunk
 
@@ -214,11 +215,13 @@ class Engine:
         params: SamplingParams | None = None,
         on_chunk: ChunkCallback | None = None,
         on_cycle: CycleCallback | None = None,
+        cancel: threading.Event | None = None,
     ) -> GenerationResult:
         """Generate a continuation of ``prompt``.
 
         ``on_chunk(text, token_ids)`` streams each committed chunk; ``on_cycle(record)`` receives
-        a :class:`CycleRecord` per cycle (diagnostics; its cost counts as "other" time).
+        a :class:`CycleRecord` per cycle (diagnostics; its cost counts as "other" time); once
+        ``cancel`` is set, the next cycle raises :class:`~relaxspec.errors.Cancelled` instead.
         """
         params = params or SamplingParams()
         rule = self._rule_for(params) if self.proposer is not None else None
@@ -241,6 +244,8 @@ class Engine:
                 part.start(ids)
         finish, generated = "length", 0
         while generated < budget:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
             remaining = budget - generated
             # A verified cycle can emit k + 1 tokens (recovered/bonus); Gate and always-commit
             # schedulers (MARS) emit at most k, so the last token of the budget is drafted too.

@@ -6,7 +6,9 @@ thread with its own :class:`Engine` (its own decoding state and random generator
 (:mod:`relaxspec.engine.batching`), so concurrent requests share one verifier forward (and one draft
 forward) per step, join and leave between steps, and each row accepts its own number of tokens.
 The pool caps concurrent sequences and queued requests and answers past the caps with
-:class:`Overloaded`. A cancelled request (client gone) stops at its next committed chunk.
+:class:`Overloaded`. A cancelled request (client gone) stops within one engine cycle: the engine
+checks its cancel event at every cycle, and so does the batcher while the request waits for a step
+(so its slot is free again at once); a queued one leaves the queue at once.
 """
 
 from __future__ import annotations
@@ -21,16 +23,14 @@ from typing import Any
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import GenerationResult
 from relaxspec.engine.batching import Batcher
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import Cancelled, RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
+
+__all__ = ["Cancelled", "Overloaded", "PoolStats", "ServingPool"]
 
 
 class Overloaded(RelaxSpecError):
     """Too many requests in flight and queued (HTTP 429/503)."""
-
-
-class Cancelled(Exception):
-    """The request was cancelled (e.g. the client disconnected)."""
 
 
 @dataclass
@@ -162,10 +162,10 @@ class ServingPool:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             if self.batcher is not None:
-                with self.batcher.running(rows):
-                    result = engine.generate(prompt, sampling, on_chunk=chunk_hook)
+                with self.batcher.running(rows, cancel=cancel, engine=engine):
+                    result = engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
             else:
-                result = engine.generate(prompt, sampling, on_chunk=chunk_hook)
+                result = engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
         except Cancelled:
             with self._lock:
                 self.stats.cancelled += 1
