@@ -544,3 +544,48 @@ def test_cancel_takes_effect_within_one_forward_not_one_cycle(models, monkeypatc
     thread.join(30)
     assert outcome and pool.stats.cancelled == 1
     assert freed < 0.3, freed  # one forward (50 ms), not the rest of the 0.8 s cycle
+
+
+# --- the command line: `serve --api-key/--max-body-bytes`, `loadtest --api-key` --------------------------
+
+
+def test_serve_and_loadtest_api_key(model_dirs, models, tmp_path):
+    """A spawned `relaxspec serve` gets the key in its environment (RELAXSPEC_API_KEY) and requires
+    it; `relaxspec loadtest --api-key` sends it; the JSON report never contains it."""
+    import subprocess
+    import sys
+
+    from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer
+
+    target, draft = model_dirs
+    config = LoadtestConfig(
+        concurrency=[1], api_key=API_KEY,
+        spawn_args=["--target", str(target), "--draft", str(draft), "--max-body-bytes", "4096"],
+    )  # fmt: skip
+    server = SpawnedServer("ar", config, tmp_path)
+    try:
+        server.wait_ready(120)  # /health needs no key
+        body = {"prompt": "w1", "max_tokens": 2}
+        assert post(server.url, body).status_code == 401
+        good = {"authorization": f"Bearer {API_KEY}"}
+        assert post(server.url, body, headers=good).status_code == 200
+        assert post(server.url, {"prompt": "w1 " * 2000}, headers=good).status_code == 413
+    finally:
+        server.stop()
+
+    pool = ServingPool(models, "nsd", {"k": 4}, max_concurrency=2, max_queue=4)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w1 w2"}\n')
+    out = tmp_path / "lt.json"
+    with BackgroundServer(_app(pool, models, api_key=API_KEY)) as base:
+        args = [
+            sys.executable, "-m", "relaxspec.cli", "loadtest", "--url", base, "--concurrency", "1",
+            "--requests", "2", "--max-tokens", "3", "--dataset", str(prompts), "--warmup", "0",
+            "--out", str(out),
+        ]  # fmt: skip
+        refused = subprocess.run(args, capture_output=True, text=True, timeout=180)
+        assert refused.returncode == 2 and "401" in out.read_text()
+        ok = subprocess.run([*args, "--api-key", API_KEY], capture_output=True, text=True, timeout=180)
+        assert ok.returncode == 0, ok.stderr
+    report = out.read_text()
+    assert json.loads(report)["failed"] == 0 and API_KEY not in report

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from relaxspec.errors import RelaxSpecError
+from relaxspec.serve import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 
 app = typer.Typer(
     add_completion=False,
@@ -751,6 +752,17 @@ def serve_cmd(
         bool, typer.Option(help="also load the other bundled models so requests can switch methods")
     ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=API_KEY_ENV,
+            show_envvar=True,
+            help="require 'Authorization: Bearer <key>' on every endpoint but /health",
+        ),
+    ] = None,
+    max_body_bytes: Annotated[
+        int, typer.Option(help="largest request body in bytes; larger ones get 413")
+    ] = DEFAULT_MAX_BODY_BYTES,
     *,
     opts: MethodOptions,
 ) -> None:
@@ -759,6 +771,12 @@ def serve_cmd(
 
     from relaxspec.serve.pool import ServingPool
     from relaxspec.serve.server import create_app, load_serving_models, serving_tokenizer_and_context
+
+    if max_body_bytes < 1024:
+        raise RelaxSpecError(f"--max-body-bytes must be >= 1024, got {max_body_bytes}")
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {host} without --api-key: anyone who can reach it can use it",
+              file=sys.stderr)  # fmt: skip
 
     models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models)
     pool = ServingPool(
@@ -773,6 +791,8 @@ def serve_cmd(
         context,
         max_tokens_cap=max_tokens_cap,
         default_max_tokens=default_max_tokens,
+        max_body_bytes=max_body_bytes,
+        api_key=api_key,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
@@ -810,6 +830,14 @@ def loadtest_cmd(
         str | None, typer.Option(help="spawned servers: more `relaxspec serve` options, e.g. '--no-batching'")
     ] = None,
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("results/loadtest.json"),
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=API_KEY_ENV,
+            show_envvar=True,
+            help="sent as 'Authorization: Bearer <key>'; spawned servers require it",
+        ),
+    ] = None,
 ) -> None:
     """Throughput, p50/p99 latency and time to first token per concurrency level (and speedup vs ar)."""
     from relaxspec.serve.loadtest import LoadtestConfig, load_prompts, print_table, run_loadtest, write_report
@@ -840,6 +868,7 @@ def loadtest_cmd(
         timeout=timeout,
         spawn=spawn,
         spawn_args=spawn_args,
+        api_key=api_key,
     )
     prompts = load_prompts(dataset, limit)
     report = run_loadtest(config, prompts, progress=lambda text: print(f"measuring {text}", file=sys.stderr))

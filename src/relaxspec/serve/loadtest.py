@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import httpx
 
 from relaxspec.engine.stats import tau
 from relaxspec.errors import RelaxSpecError
+from relaxspec.serve import API_KEY_ENV
 
 LOOPBACK = "127.0.0.1"
 
@@ -95,6 +97,11 @@ class LoadtestConfig:
     spawn: bool = False
     spawn_args: list[str] = field(default_factory=list)  # model/parameter options for `relaxspec serve`
     startup_timeout: float = 300.0
+    api_key: str | None = None  # sent as a bearer token; spawned servers get it in their environment
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +236,7 @@ async def run_level(
     records: list[RequestRecord] = []
     counter = itertools.count()
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=config.timeout, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=config.timeout, limits=limits, headers=config.headers) as client:
 
         async def worker() -> None:
             while (i := next(counter)) < config.requests:
@@ -244,7 +251,7 @@ async def run_level(
 
 async def warm_up(url: str, prompts: Sequence[Prompt], config: LoadtestConfig, method: str | None) -> None:
     """A few unrecorded requests (first-call overheads); a failure here aborts the run."""
-    async with httpx.AsyncClient(timeout=config.timeout) as client:
+    async with httpx.AsyncClient(timeout=config.timeout, headers=config.headers) as client:
         for i in range(config.warmup):
             record = await stream_completion(
                 client, url, request_body(prompts[i % len(prompts)], config, method)
@@ -281,8 +288,11 @@ class SpawnedServer:
             "--max-queue", str(top),
             *config.spawn_args,
         ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        if config.api_key:
+            env[API_KEY_ENV] = config.api_key  # not on the command line, where `ps` would show it
         self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float) -> None:
         """Poll ``/health`` until it answers; a clear error if the process exits or times out."""
@@ -365,7 +375,7 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
                 )
                 levels.append(summarize(name, concurrency, records, wall))
     return {
-        "config": asdict(config),
+        "config": {**asdict(config), "api_key": "(set)" if config.api_key else None},  # never the key
         "levels": [asdict(lv) for lv in levels],
         "speedup": {m: {str(c): v for c, v in by_c.items()} for m, by_c in speedups(levels).items()},
         "failed": sum(lv.failed for lv in levels),

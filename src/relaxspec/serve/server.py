@@ -64,6 +64,7 @@ from relaxspec.engine import GenerationResult, GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, load_role, method_names
 from relaxspec.models import LoadedModel, model_dir
+from relaxspec.serve import DEFAULT_MAX_BODY_BYTES
 from relaxspec.serve.pool import Cancelled, Overloaded, ServingPool
 
 log = logging.getLogger("relaxspec.serve.server")
@@ -72,7 +73,6 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 RETRY_AFTER_SECONDS = 1
 
 # Limits on what one request may ask for (DESIGN §7; docs/server.md "Limits").
-DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024  # request body; more is a 413 (`--max-body-bytes`)
 MAX_JSON_DEPTH = 32  # nesting of the JSON body (OpenAI bodies need about 5)
 MAX_JSON_INT_DIGITS = 64  # digits of an integer in the body (more: 400 before any conversion)
 MAX_STOP_STRINGS = 16  # OpenAI allows 4
