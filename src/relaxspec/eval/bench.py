@@ -53,6 +53,7 @@ from relaxspec.eval.results import (
     references,
     write_outputs,
 )
+from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, build_engine, get_method, load_role
 from relaxspec.models import bundled, model_dir
 
@@ -79,6 +80,7 @@ class BenchConfig:
     exec_timeout: float = 10.0  # seconds per HumanEval test program
     progress: bool = True
     command: str = ""  # the command line, recorded in the manifest
+    engine: str = "relaxspec"  # "vllm": methods run inside vLLM with the plugin (DESIGN §8)
 
 
 def split_list(text: str) -> list[str]:
@@ -138,15 +140,20 @@ def parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, list[Any]]]:
     return out
 
 
-def _grid_params(name: str, sets: dict[str | None, dict[str, list[Any]]]) -> list[dict[str, Any]]:
+def _grid_params(
+    name: str, sets: dict[str | None, dict[str, list[Any]]], engine: str = "relaxspec"
+) -> list[dict[str, Any]]:
     """Every combination of the swept values of ``name``'s parameters, validated."""
-    known = runner_params(name)
+    in_vllm = engine == "vllm" and not is_peer(name)
+    known = vllm_runners.resolve(name, {}) if in_vllm else runner_params(name)
     swept = {k: v for k, v in sets.get(None, {}).items() if k in known}
     swept.update(sets.get(name, {}))
     names = sorted(swept)
     combos = [
         dict(zip(names, values, strict=True)) for values in itertools.product(*(swept[n] for n in names))
     ]
+    if in_vllm:
+        return [vllm_runners.resolve(name, combo) for combo in combos]
     return [resolve_runner(name, combo) for combo in combos]
 
 
@@ -157,6 +164,7 @@ def expand_grid(
     datasets: Sequence[str],
     seeds: Sequence[int],
     sampling: dict[str, Any],
+    engine: str = "relaxspec",
 ) -> list[Cell]:
     """All cells, ``ar`` first; unknown methods, peers or parameter names fail with one message.
 
@@ -164,7 +172,10 @@ def expand_grid(
     speculative decoding and Hugging Face's run with the same draft length.
     """
     for name in methods:
-        get_method(name)
+        if engine == "vllm":
+            vllm_runners.resolve(name, {})
+        else:
+            get_method(name)
     for name in peers:
         if not is_peer(name):
             raise RelaxSpecError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
@@ -173,9 +184,9 @@ def expand_grid(
         if method is not None and method not in runners:
             raise RelaxSpecError(f"--set names {method!r}, which is not in --methods or --peers")
     for name in sets.get(None, {}):
-        if not any(name in runner_params(r) for r in runners):
+        if not any(name in (_grid_params(r, {}, engine)[0]) for r in runners):
             raise RelaxSpecError(f"--set {name}=...: no method in the grid has a parameter {name!r}")
-    params = {r: _grid_params(r, sets) for r in runners}
+    params = {r: _grid_params(r, sets, engine) for r in runners}
     if "hf-assisted" in params and "k" not in {**sets.get(None, {}), **sets.get("hf-assisted", {})}:
         ks = sorted({p["k"] for p in params.get("sd", [])}) or [get_method("sd").params["k"]]
         confidence = {**sets.get(None, {}), **sets.get("hf-assisted", {})}.get("confidence", [0.0])
@@ -215,9 +226,14 @@ def plan(config: BenchConfig) -> list[Cell]:
         "top_p": config.top_p,
         "max_new_tokens": config.max_new_tokens,
     }
-    peers = list(PEERS) if config.peers is None else config.peers
+    if config.engine not in ("relaxspec", "vllm"):
+        raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {config.engine!r}")
+    default_peers = list(vllm_runners.PEERS) if config.engine == "vllm" else list(PEERS)
+    if config.engine == "vllm":
+        sampling["engine"] = "vllm"  # part of each cell's identity: no mixing with our engine's rows
+    peers = default_peers if config.peers is None else config.peers
     cells = expand_grid(
-        config.methods, peers, parse_sets(config.sets), config.datasets, config.seeds, sampling
+        config.methods, peers, parse_sets(config.sets), config.datasets, config.seeds, sampling, config.engine
     )
     if config.peers is None:  # default peers: only those whose models exist
         have = {r for r in ("target", "draft") if Path(config.models.get(r) or bundled(r)).exists()}
@@ -259,11 +275,17 @@ def _engine_runner(
     return run
 
 
-def make_runner(cell: Cell, models: ModelSet, collect: bool) -> Runner:
+def make_runner(
+    cell: Cell, models: ModelSet, collect: bool, pool: vllm_runners.EnginePool | None = None
+) -> Runner:
     s = cell.sampling
     sampling = SamplingParams(
         temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"], max_new_tokens=s["max_new_tokens"]
     )
+    if s.get("engine") == "vllm" or vllm_runners.is_peer(cell.method):
+        if pool is None:
+            raise RelaxSpecError("vLLM rows need an engine pool")
+        return vllm_runners.runner(cell.method, cell.params, sampling, pool)
     if is_peer(cell.method):
         return hf_runner(cell.method, cell.params, models, sampling)
     return _engine_runner(cell.method, cell.params, models, sampling, collect)
@@ -353,7 +375,11 @@ def fitting_examples(examples: dict[str, list[Example]], models: ModelSet) -> di
 
 
 def warm_up(
-    cells: Sequence[Cell], models: ModelSet, examples: dict[str, list[Example]], config: BenchConfig
+    cells: Sequence[Cell],
+    models: ModelSet,
+    examples: dict[str, list[Example]],
+    config: BenchConfig,
+    pool: vllm_runners.EnginePool | None = None,
 ) -> tuple[dict[str, Runner], dict[str, str]]:
     """Build and warm up one runner per (method, params): (runners, errors) keyed by cell label.
 
@@ -365,7 +391,7 @@ def warm_up(
         if cell.label in runners or cell.label in broken:
             continue
         try:
-            run = make_runner(cell, models, config.diagnostics)
+            run = make_runner(cell, models, config.diagnostics, pool)
             run(Example("warmup", examples[cell.dataset][0].prompt), 0, config.warmup_tokens)
             runners[cell.label] = run
         except Exception as err:  # recorded in the cell, the grid goes on
@@ -424,8 +450,31 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         for ex in examples[d]
         if config.temperature > 0 and ex.id not in refs.get((d, config.max_new_tokens), {})
     }
-    runners, broken = warm_up(list({c.key: c for c, _ in pending}.values()), models, examples, config)
-    reference = make_runner(Cell("ar", {}, "", 0, {**cells[0].sampling, "temperature": 0.0}), models, False)
+    pool = None
+    if any(c.sampling.get("engine") == "vllm" or vllm_runners.is_peer(c.method) for c in cells):
+        pool = vllm_runners.EnginePool(target=paths.get("target"), draft=paths.get("draft"))
+    try:
+        return _run_grid(config, cells, examples, store, models, session, pending, need_ref, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _run_grid(
+    config: BenchConfig,
+    cells: list[Cell],
+    examples: dict[str, list[Example]],
+    store: ResultsStore,
+    models: ModelSet,
+    session: Any,
+    pending: list[tuple[Cell, Example]],
+    need_ref: set[tuple[str, str]],
+    pool: vllm_runners.EnginePool | None,
+) -> dict[str, Any]:
+    """The timed loop of :func:`run_bench` (prompts outer, cells inner and rotated)."""
+    runners, broken = warm_up(list({c.key: c for c, _ in pending}.values()), models, examples, config, pool)
+    ref_cell = Cell("ar", {}, "", 0, {**cells[0].sampling, "temperature": 0.0})
+    reference = make_runner(ref_cell, models, False, pool)
     todo = {(c.key, ex.id) for c, ex in pending}
     base = {"type": "record", "session": session, "tokens": [], "seconds": 0.0, "stats": None}
 

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCrit
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.datasets import Example, truncate
+from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, get_method, resolve_params
 from relaxspec.models import LoadedModel
 
@@ -73,10 +74,13 @@ PEERS: dict[str, PeerSpec] = {
 
 
 def is_peer(name: str) -> bool:
-    return name in PEERS
+    """Hugging Face peers and the stock-vLLM peers (``vllm-ar``, ``vllm-sd``; --engine vllm)."""
+    return name in PEERS or vllm_runners.is_peer(name)
 
 
 def runner_needs(name: str) -> tuple[str, ...]:
+    if vllm_runners.is_peer(name):
+        return vllm_runners.PEER_NEEDS[name]
     return PEERS[name].needs if is_peer(name) else get_method(name).needs
 
 
@@ -87,11 +91,15 @@ def runner_optional(name: str) -> tuple[str, ...]:
 
 def runner_params(name: str) -> dict[str, Any]:
     """Parameter names and defaults of a method preset or a peer (unknown name: clear error)."""
+    if vllm_runners.is_peer(name):
+        return vllm_runners.PEERS[name]
     return PEERS[name].params if is_peer(name) else get_method(name).params
 
 
 def resolve_runner(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """Validated parameters of a method preset (:func:`resolve_params`) or a peer."""
+    if vllm_runners.is_peer(name):
+        return vllm_runners.resolve(name, params)
     if not is_peer(name):
         return resolve_params(name, params)
     spec = PEERS[name]
@@ -111,6 +119,8 @@ def resolve_runner(name: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def family(name: str) -> str:
     """Method family for grouping in tables and plots, from the models a method needs."""
+    if vllm_runners.is_peer(name):
+        return "vllm (stock)"
     if is_peer(name):
         return "hugging face"
     try:

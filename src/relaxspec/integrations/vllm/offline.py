@@ -145,7 +145,7 @@ class VLLMEngine:
         self.rule = None if self.method == "ar" else RuleChoice(self.method, params)
         if stock and self.method not in ("ar", "sd"):
             raise RelaxSpecError(f"stock vLLM has no {self.method!r} rule (only ar and sd)")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if self.method != "ar" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise RelaxSpecError(f"k (draft length) must be an integer >= 1, got {k!r}")
         if (
             isinstance(tensor_parallel_size, bool)
