@@ -125,3 +125,19 @@ def test_bad_rules_fail_clearly(ours):
         VLLMEngine("bogus")
     with pytest.raises(RelaxSpecError, match="stock vLLM has no 'nsd' rule"):
         VLLMEngine("nsd", stock=True)
+
+
+def test_cli_generate_engine_vllm_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "relaxspec.cli", "generate", "--engine", "vllm", "--method", "nsd"]
+    cmd += ["--theta", "0.9", "--k", "4", "--temperature", "0", "--max-new-tokens", "24"]
+    cmd += ["--json", "def fib(n):"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout)  # stdout is exactly one JSON object (vLLM's logs go to stderr)
+    assert isinstance(out["text"], str) and len(out["tokens"]) == 24
+    assert all(isinstance(t, int) for t in out["tokens"])
+    assert out["stats"]["tau"] > 1

@@ -48,6 +48,11 @@ def _model_dir(path: Path | None, role: str) -> Path:
     return model_dir(role, path)
 
 
+EngineOpt = Annotated[
+    str, typer.Option(help="relaxspec (our engine) or vllm (inside vLLM with the plugin; docs/vllm.md)")
+]
+
+
 # Method parameters with a flag of their own on every command that builds engines (any other
 # parameter of a preset: ``--set name=value``). Each name is a parameter of some preset (tested).
 METHOD_FLAGS: dict[str, tuple[type, str]] = {
@@ -151,10 +156,19 @@ def generate(
     as_json: Annotated[
         bool, typer.Option("--json", help="print one JSON object instead of streaming")
     ] = False,
+    engine: EngineOpt = "relaxspec",
     *,
     opts: MethodOptions,
 ) -> None:
     """Generate a continuation of PROMPT, streaming text (or one JSON object with --json)."""
+    if engine == "vllm":
+        from relaxspec.integrations.vllm.runners import cli_generate
+
+        cli_generate(opts.method, opts.params, opts.paths, prompt, temperature, top_k, top_p, seed,
+                     max_new_tokens, stop, as_json)  # fmt: skip
+        return
+    if engine != "relaxspec":
+        raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {engine!r}")
     from relaxspec.core.sampling import SamplingParams
     from relaxspec.methods import build_engine, load_models
 
@@ -601,7 +615,9 @@ def bench_cmd(
         typer.Option("--set", help="sweep: [method.]name=v1,v2 (repeatable), e.g. nsd.theta=0.9,0.95"),
     ] = None,
     k: Annotated[int | None, typer.Option(help="draft length of every method that has one")] = None,
-    peers: Annotated[str, typer.Option(help="hf-generate,hf-assisted,hf-lookup, auto or none")] = "auto",
+    peers: Annotated[
+        str, typer.Option(help="hf-generate,hf-assisted,hf-lookup,vllm-ar,vllm-sd, auto or none")
+    ] = "auto",
     target: TargetOpt = None,
     draft: DraftOpt = None,
     model: Annotated[
@@ -612,8 +628,13 @@ def bench_cmd(
     warmup_tokens: int = 16,
     exec_timeout: Annotated[float, typer.Option(help="seconds per HumanEval test run")] = 10.0,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    engine: EngineOpt = "relaxspec",
 ) -> None:
-    """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out."""
+    """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out.
+
+    With --engine vllm the methods run inside vLLM with the plugin and the default peers are stock
+    vLLM (vllm-ar, vllm-sd).
+    """
     from relaxspec.eval.bench import (
         BenchConfig,
         parse_models,
@@ -641,6 +662,7 @@ def bench_cmd(
         exec_timeout=exec_timeout,
         progress=progress,
         command=shlex.join(["relaxspec", *sys.argv[1:]]),
+        engine=engine,
     )
     run_bench(config)
 
@@ -763,10 +785,25 @@ def serve_cmd(
     max_body_bytes: Annotated[
         int, typer.Option(help="largest request body in bytes; larger ones get 413")
     ] = DEFAULT_MAX_BODY_BYTES,
+    engine: EngineOpt = "relaxspec",
     *,
     opts: MethodOptions,
 ) -> None:
-    """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    """OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+
+    --engine vllm: vLLM's OpenAI server with the plugin; --method and its flags set the default
+    rule, requests pick theirs with vllm_xargs (docs/vllm.md).
+    """
+    if engine == "vllm":
+        from relaxspec.integrations.vllm.serve import serve as vllm_serve
+
+        params = {n: v for n, v in opts.params.items() if n != "k"}
+        vllm_serve(opts.method, params, k=opts.params.get("k", 4), target=opts.paths.get("target"),
+                   draft=opts.paths.get("draft"), host=host, port=port, api_key=api_key,
+                   served_model_name=model_name)  # fmt: skip
+        return
+    if engine != "relaxspec":
+        raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {engine!r}")
     import uvicorn
 
     from relaxspec.serve.pool import ServingPool
@@ -838,6 +875,9 @@ def loadtest_cmd(
             help="sent as 'Authorization: Bearer <key>'; spawned servers require it",
         ),
     ] = None,
+    engine: Annotated[
+        str, typer.Option(help="spawned servers: relaxspec or vllm (methods ar, sd, nsd, ..., vllm-sd)")
+    ] = "relaxspec",
 ) -> None:
     """Throughput, p50/p99 latency and time to first token per concurrency level (and speedup vs ar)."""
     from relaxspec.serve.loadtest import LoadtestConfig, load_prompts, print_table, run_loadtest, write_report
@@ -869,6 +909,7 @@ def loadtest_cmd(
         spawn=spawn,
         spawn_args=spawn_args,
         api_key=api_key,
+        engine=engine,
     )
     prompts = load_prompts(dataset, limit)
     report = run_loadtest(config, prompts, progress=lambda text: print(f"measuring {text}", file=sys.stderr))

@@ -98,6 +98,7 @@ class LoadtestConfig:
     spawn_args: list[str] = field(default_factory=list)  # model/parameter options for `relaxspec serve`
     startup_timeout: float = 300.0
     api_key: str | None = None  # sent as a bearer token; spawned servers get it in their environment
+    engine: str = "relaxspec"  # spawned servers: "vllm" = vLLM's server with the plugin (vllm-*: stock)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -288,9 +289,15 @@ class SpawnedServer:
             "--max-queue", str(top),
             *config.spawn_args,
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        if config.engine == "vllm":
+            from relaxspec.integrations.vllm.runners import serve_command
+
+            where = ["--host", LOOPBACK, "--port", str(self.port)]
+            command = serve_command(method, [*where, *config.spawn_args])
+        env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY")}
         if config.api_key:
             env[API_KEY_ENV] = config.api_key  # not on the command line, where `ps` would show it
+            env["VLLM_API_KEY"] = config.api_key
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 

@@ -14,7 +14,8 @@ across cells; a runner records, per generation, the same counters as our engine
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,8 @@ def generate_json(
 ) -> dict[str, Any]:
     """One generation for ``relaxspec generate --engine vllm``: ``{"text", "tokens", "stats"}``."""
     p = resolve(method, {"k": k, **(params or {})} if method != "ar" else dict(params or {}))
+    if method == "ar":
+        p["k"] = 1
     rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
     engine = VLLMEngine(
         method, target=target, draft=draft, k=p.get("k", 1), max_model_len=None, seed=seed or 0, **rule_params
@@ -212,3 +215,68 @@ def serve_command(method: str, extra: Sequence[str] = ()) -> list[str]:
     if stock:
         command.append("--stock")
     return command + list(extra)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to fd 1 (vLLM's logs, native prints) to stderr for a while."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def cli_generate(
+    method: str,
+    params: dict[str, Any],
+    paths: dict[str, Any],
+    prompt: str,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: int | None,
+    max_new_tokens: int,
+    stop: Sequence[str] | None,
+    as_json: bool,
+) -> None:
+    """``relaxspec generate --engine vllm``: one JSON object on stdout (``--json``) or the text."""
+    import json
+    import os
+    import sys
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    params = dict(params)
+    k = params.pop("k", METHODS.get(method, {}).get("k", 4))
+    with stdout_to_stderr():
+        out = generate_json(
+            method,
+            prompt,
+            params=params,
+            k=k,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            top_k=top_k,
+            top_p=top_p,
+            target=paths.get("target"),
+            draft=paths.get("draft"),
+            stop=stop,
+        )
+    if as_json:
+        print(json.dumps(out))
+        return
+    s = out["stats"]
+    print(out["text"])
+    print(
+        f"[{method} in vLLM] {s['new_tokens']} tokens in {s['total_seconds']:.2f}s, tau={s['tau']:.2f}, "
+        f"target forwards={s['verifier_calls']}, relaxed accepts={s.get('accepted_by_relaxation', 0)}",
+        file=sys.stderr,
+    )
