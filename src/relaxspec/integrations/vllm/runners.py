@@ -85,14 +85,15 @@ class EnginePool:
         self.engines: dict[tuple[str, int, bool], VLLMEngine] = {}
 
     def get(self, kind: str, k: int, stock: bool) -> VLLMEngine:
-        key = (kind, k if kind != "ar" else 0, stock)
+        # AR has no acceptance step: the plugin changes nothing there, so ar and vllm-ar share one.
+        key = (kind, k, stock) if kind != "ar" else ("ar", 0, True)
         if key not in self.engines:
             self.engines[key] = VLLMEngine(
                 kind,
                 target=self.target,
                 draft=self.draft,
                 k=k,
-                stock=stock,
+                stock=key[2],
                 multiprocessing=self.multiprocessing,
                 **self.engine_kwargs,
             )
