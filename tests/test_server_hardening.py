@@ -149,8 +149,11 @@ class HealthProbe:
         with httpx.Client(timeout=30) as client:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
-                assert client.get(f"{self.url}/health").status_code == 200
-                self.latencies.append(time.perf_counter() - t0)
+                try:
+                    ok = client.get(f"{self.url}/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.latencies.append(time.perf_counter() - t0 if ok else math.inf)
                 time.sleep(0.02)
 
     def __enter__(self) -> HealthProbe:
@@ -195,7 +198,7 @@ def test_20_mib_body_is_413_while_health_answers(url, framing):
     r = out["r"]
     assert r.status_code == 413, r.text
     assert r.json()["error"]["code"] == "request_too_large"
-    assert probe.latencies and max(probe.latencies) < 1.0, probe.latencies
+    assert len(probe.latencies) >= 3 and max(probe.latencies) < 1.0, probe.latencies
     assert_serving(url)
 
 
@@ -214,7 +217,7 @@ def test_tokenizing_a_big_prompt_does_not_block_the_event_loop(url):
         for t in senders:
             t.join(120)
     assert statuses == [400, 400]  # longer than the context window
-    assert max(probe.latencies) < 1.0, probe.latencies
+    assert len(probe.latencies) >= 10 and max(probe.latencies) < 1.0, probe.latencies
 
 
 def test_max_body_bytes_is_configurable(models):
@@ -408,16 +411,14 @@ def test_adversarial_request_keeps_a_normal_one_within_2x(served):
             _timed(client, NORMAL)  # warm-up
         alone = [_timed(client, NORMAL) for _ in range(5)]
         deferrals = pool.batcher.deferrals
-        with Adversary(url, pool) as adversary:
+        with Adversary(url, pool):
             beside = [_timed(client, NORMAL) for _ in range(5)]
-            in_flight = pool.active
         alone += [_timed(client, NORMAL) for _ in range(3)]
     ratio = statistics.median(t for t, _ in beside) / statistics.median(t for t, _ in alone)
     print(f"normal request alone {statistics.median(t for t, _ in alone):.3f}s, beside "
           f"{statistics.median(t for t, _ in beside):.3f}s: {ratio:.2f}x")  # fmt: skip
     assert ratio < 2.0, (alone, beside)
-    assert pool.batcher.deferrals > deferrals  # the adversary was held back, not just absent
-    assert (in_flight >= 1 and adversary.done) or pool.batcher.deferrals > deferrals
+    assert pool.batcher.deferrals > deferrals  # the adversary was there, and held back
     texts = {out["choices"][0]["text"] for _, out in alone + beside}
     assert len(texts) == 1  # and the normal request's output did not change (greedy)
 

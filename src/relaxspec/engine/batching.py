@@ -27,11 +27,12 @@ of at most ``long_input`` tokens, a prefill) from *costly* work: a row's forward
 (it pads every row of the batch), and exclusive jobs, the forwards of models an engine runs
 privately — the diffusion drafter, whose block mask cannot share a batch — which are routed
 through the step loop one forward at a time. Costly work is charged to its generation's
-``credit`` (seconds); while cheap work of others is waiting, a generation in debt is deferred
-(its work stays pending, the others step without it) and earns ``share`` × the time the others'
-step took. So beside other requests a heavy one gets about ``share`` of the time and the others
-keep at least ``1 / (1 + share)`` of their pace alone; with nothing else waiting it runs at full
-speed (work-conserving).
+``credit`` (seconds), and so is, beside others, its own work between forwards (sampling, the
+rule, stop strings: it competes with theirs for the CPU and the GIL). While cheap work of others is waiting, a
+generation in debt is deferred (its work stays pending, the others step without it) and earns
+``share`` × the time the others' step took. So beside other requests a heavy one gets about
+``share`` seconds per second of theirs, and they keep at least ``1 / (1 + share)`` of their pace
+alone; with nothing else waiting it runs at full speed (work-conserving).
 
 A forward that raises fails only the rows that cause it: the shared cache is restored and the
 rows are retried one by one. A generation whose ``cancel`` event is set leaves while it waits.
@@ -63,6 +64,7 @@ class _Generation:
     cancel: threading.Event | None = None
     credit: float = 0.0  # seconds; < 0: it used more than its share of costly work (deferred)
     deferred: int = 0  # steps it was held back
+    awake_since: float | None = None  # when its last forward or job returned to it
 
 
 @dataclass(eq=False)
@@ -274,7 +276,7 @@ class Batcher:
     """
 
     long_input: int = 16
-    share: float = 0.5
+    share: float = 0.25
     active: int = 0
     steps: int = 0  # batched forward passes run
     rows_per_step: list[int] = field(default_factory=list)
@@ -365,7 +367,12 @@ class Batcher:
         cancel = req.gen.cancel if req.gen is not None else None
         if cancel is not None and cancel.is_set():
             raise Cancelled()  # within one forward of the cancel, not only at the next cycle
+        gen = req.gen
         with self._cond:
+            if gen is not None and gen.awake_since is not None and self.active > 1:
+                # its own work since its last forward (sampling, the rule, stop strings, a
+                # drafter's bookkeeping) ran beside the others' and held their steps back
+                gen.credit -= time.perf_counter() - gen.awake_since
             self._pending.append(req)
             self._maybe_run_locked()
             while not req.done:
@@ -373,6 +380,8 @@ class Batcher:
                 if not req.done and cancel is not None and cancel.is_set() and req in self._pending:
                     self._pending.remove(req)
                     raise Cancelled()
+        if gen is not None:
+            gen.awake_since = time.perf_counter()
         if req.error is not None:
             raise req.error
 

@@ -18,8 +18,8 @@ every endpoint but ``/health`` needs ``Authorization: Bearer <key>`` (401 otherw
 The pool's blocking ``submit`` runs on a worker thread per request; committed text reaches the
 event loop through ``loop.call_soon_threadsafe`` into an :class:`asyncio.Queue`. A client that
 disconnects (detected by polling while the response has not started, and by Starlette cancelling
-the stream afterwards) has its request's cancel event set, which stops that generation at its
-next committed chunk.
+the stream afterwards) has its request's cancel event set, which stops that generation within
+one engine cycle (at its next forward when batched) and frees its slot.
 
 Chat template (our models are base LMs, not chat-tuned): each message becomes one line
 ``"<Role>: <content>"`` with roles ``System``, ``User`` and ``Assistant`` (``developer`` renders as
