@@ -456,18 +456,18 @@ def test_a_forward_failing_for_one_row_fails_only_that_request(target, monkeypat
     monkeypatch.setattr(layer, "forward", poisoned)
     pool = ServingPool(models, "ar", batching=True, max_concurrency=8)
     results: list = [None] * 4
-    start = threading.Barrier(4)
 
     def run(i: int) -> None:
-        start.wait()
         try:
             results[i] = pool.submit(prompts[i], params).tokens
         except Exception as err:
             results[i] = err
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
+    for t in threads[:3]:
         t.start()
+    assert _wait_for(lambda: pool.batcher.active == 3 and pool.batcher.steps >= 3)  # decoding
+    threads[3].start()  # the long request joins the batch of the three
     for t in threads:
         t.join(120)
     assert isinstance(results[3], RuntimeError) and "poisoned" in str(results[3])

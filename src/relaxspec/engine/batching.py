@@ -27,12 +27,12 @@ of at most ``long_input`` tokens, a prefill) from *costly* work: a row's forward
 (it pads every row of the batch), and exclusive jobs, the forwards of models an engine runs
 privately — the diffusion drafter, whose block mask cannot share a batch — which are routed
 through the step loop one forward at a time. Costly work is charged to its generation's
-``credit`` (seconds), and so is, beside others, its own work between forwards (sampling, the
-rule, stop strings: it competes with theirs for the CPU and the GIL). While cheap work of others is waiting, a
-generation in debt is deferred (its work stays pending, the others step without it) and earns
-``share`` × the time the others' step took. So beside other requests a heavy one gets about
-``share`` seconds per second of theirs, and they keep at least ``1 / (1 + share)`` of their pace
-alone; with nothing else waiting it runs at full speed (work-conserving).
+``credit`` (seconds), and so is, while others run, its own work between forwards (sampling, the
+rule, stop strings: it competes with theirs for the CPU and the GIL). While cheap work of others
+is waiting, a generation in debt is deferred (its work stays pending, the others step without it)
+and earns ``share`` × the time the others' step took. So beside other requests a heavy one gets
+about ``share`` seconds per second of theirs, and they keep about ``1 / (1 + share)`` of their
+pace alone; with nothing else waiting it runs at full speed (work-conserving).
 
 A forward that raises fails only the rows that cause it: the shared cache is restored and the
 rows are retried one by one. A generation whose ``cancel`` event is set leaves while it waits.
@@ -275,7 +275,7 @@ class Batcher:
     share: the time a generation in debt earns per second the others step (see the module doc).
     """
 
-    long_input: int = 16
+    long_input: int = 32
     share: float = 0.25
     active: int = 0
     steps: int = 0  # batched forward passes run
