@@ -332,6 +332,7 @@ def test_api_key(models):
         assert post(base, _big_body()).status_code == 401
         good = {"authorization": f"Bearer {API_KEY}"}
         assert post(base, body, headers=good).status_code == 200
+        assert post(base, body, headers={"authorization": f"bearer  {API_KEY}"}).status_code == 200
         assert httpx.get(f"{base}/v1/models", headers=good).status_code == 200
         assert httpx.get(f"{base}/metrics", headers=good).status_code == 200
         assert httpx.get(f"{base}/health").status_code == 200  # open, for load balancers

@@ -904,7 +904,8 @@ class Server:
             given = headers.get(b"authorization")
             if given is None:
                 return _unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
-            if not hmac.compare_digest(given, b"Bearer " + key.encode()):
+            scheme, _, token = given.strip().partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), key.encode()):
                 return _unauthorized("invalid API key")
         declared = headers.get(b"content-length")
         if declared is not None:
