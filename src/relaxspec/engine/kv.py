@@ -3,8 +3,15 @@
 Every model the engine runs (verifier, draft model, block proposer) is a :class:`CachedLM`. Its
 cache holds the keys/values of the first ``length`` committed tokens. A call feeds the committed
 tokens the cache has not seen yet plus any speculative tokens, in one forward pass; after the cycle
-:meth:`CachedLM.rollback` crops the cache back to the tokens that were committed, so no KV of a
-rejected (or placeholder) token ever survives a cycle.
+:meth:`CachedLM.rollback` moves the cache's length back to the tokens that were committed, so no KV
+of a rejected (or placeholder) token is ever attended to again.
+
+The cache is indexed by position (gpt-fast's ``KVCache``): :class:`PositionLayer` preallocates its
+key/value buffers, writes a forward's new entries at ``length .. length+T-1`` and hands attention a
+view of the live prefix, so appending a token copies nothing else and rollback is moving a length
+(a rejected slot is simply overwritten next cycle). Models whose cache layers are not plain
+full-attention layers (sliding windows, hybrid caches) keep transformers' ``DynamicCache``;
+:attr:`CachedLM.cache_kind` says which one runs.
 """
 
 from __future__ import annotations
@@ -15,9 +22,78 @@ from contextvars import ContextVar
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from relaxspec.core.sampling import check_finite
 from relaxspec.errors import RelaxSpecError
+
+# Buffers start this long (or at the context length, if shorter) and double when full: a few
+# copies over a whole generation instead of one per token, and short requests stay small.
+INITIAL_CAPACITY = 256
+
+
+class PositionLayer(DynamicLayer):
+    """One attention layer's KV, ``[B, heads, capacity, head_dim]`` buffers written by position.
+
+    ``keys``/``values`` are views of the first ``length`` positions (what attention reads and
+    what transformers' mask sizes come from); :meth:`set_length` rolls back without copying.
+    """
+
+    def __init__(self, max_length: int) -> None:
+        super().__init__()
+        self.max_length = max_length
+        self.length = 0
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._grow(key_states, value_states, min(INITIAL_CAPACITY, self.max_length))
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        B, H, _, D = key_states.shape
+        keys, values = key_states.new_zeros(B, H, capacity, D), value_states.new_zeros(B, H, capacity, D)
+        if self._keys is not None:
+            keys[:, :, : self.length] = self._keys[:, :, : self.length]
+            values[:, :, : self.length] = self._values[:, :, : self.length]
+        self._keys, self._values = keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self._keys.shape[2]:
+            self._grow(key_states, value_states, max(end, min(2 * self._keys.shape[2], self.max_length)))
+        self._keys[:, :, start:end] = key_states
+        self._values[:, :, start:end] = value_states
+        self.set_length(end)
+        return self.keys, self.values
+
+    def set_length(self, length: int) -> None:
+        self.length = length
+        if self._keys is not None:
+            self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.set_length(max(0, self.length - abs(tokens_to_remove)))
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """A position-indexed cache for ``model`` where its layers allow it, else a ``DynamicCache``."""
+    cache = DynamicCache(config=model.config)
+    if getattr(cache, "layers", None) and all(type(layer) is DynamicLayer for layer in cache.layers):
+        limit = int(getattr(model.config, "max_position_embeddings", 2048))
+        cache.layers = [PositionLayer(limit) for _ in cache.layers]
+    return cache
+
+
+def cache_kind(cache: DynamicCache) -> str:
+    """``"position"`` for a :func:`new_cache` with position-indexed layers, else ``"dynamic"``."""
+    layers = getattr(cache, "layers", None) or []
+    return "position" if layers and all(isinstance(x, PositionLayer) for x in layers) else "dynamic"
 
 
 def model_logits(
@@ -39,13 +115,13 @@ def model_logits(
 
 
 class CachedLM:
-    """``model`` plus a ``DynamicCache`` over the first ``length`` tokens of one sequence."""
+    """``model`` plus a KV cache (:func:`new_cache`) over the first ``length`` tokens of one sequence."""
 
     def __init__(self, model: PreTrainedModel, name: str = "model") -> None:
         self.model = model
         self.name = name
         self.calls = 0  # forward passes since construction (for stats)
-        self.cache = DynamicCache(config=model.config)
+        self.cache = new_cache(model)
         self.length = 0
 
     @property
@@ -58,7 +134,7 @@ class CachedLM:
 
     def reset(self) -> None:
         """Forget the sequence (a new generation starts)."""
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model)
         self.length = 0
 
     @torch.inference_mode()
@@ -99,10 +175,14 @@ class CachedLM:
             pieces.append(extra)
         return self.forward(torch.cat(pieces, dim=1), logits_to_keep=logits_to_keep)
 
+    @property
+    def cache_kind(self) -> str:
+        return cache_kind(self.cache)
+
     def rollback(self, length: int) -> None:
-        """Crop the cache to its first ``length`` tokens (a no-op if it holds fewer)."""
+        """Keep the cache's first ``length`` tokens (a no-op if it holds fewer)."""
         if length < self.length:
-            self.cache.crop(length - self.length)  # transformers 5: negative = tokens to remove
+            self.cache.crop(length - self.length)  # negative: tokens to remove (a length move here)
             self.length = length
 
 

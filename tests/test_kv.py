@@ -1,0 +1,71 @@
+"""The position-indexed KV cache: rollback moves a length, no stale K/V is ever attended to,
+growth keeps what was written, and non-Llama layouts fall back to transformers' DynamicCache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relaxspec.engine import kv
+from relaxspec.engine.kv import CachedLM, PositionLayer, new_cache
+from relaxspec.testing import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return tiny_llama(vocab_size=32, context=128).eval()
+
+
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits.float()[0]
+
+
+def test_llama_gets_the_position_cache(model):
+    lm = CachedLM(model)
+    assert lm.cache_kind == "position"
+    assert all(isinstance(layer, PositionLayer) for layer in lm.cache.layers)
+
+
+@pytest.mark.parametrize("capacity", [2, 256])  # 2: every step grows the buffers
+def test_rollback_then_new_tokens_match_a_fresh_forward(model, monkeypatch, capacity):
+    monkeypatch.setattr(kv, "INITIAL_CAPACITY", capacity)
+    prompt, rejected, accepted = [1, 5, 7, 2, 9], [3, 3, 4, 11, 12, 13], [8, 6, 10]
+    lm = CachedLM(model)
+    lm.forward(torch.tensor([prompt]))
+    lm.forward(torch.tensor([rejected]))  # speculative tokens, then rejected
+    lm.rollback(len(prompt))
+    assert lm.length == len(prompt) and lm.cache.get_seq_length() == len(prompt)
+    got = lm.forward(torch.tensor([accepted]))[0]
+    want = full_logits(model, prompt + accepted)[len(prompt) :]
+    # A stale slot (rejected K/V still attended, or a wrong mask length) would change these.
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    # And decoding on, one token at a time, after a second rollback of one token.
+    lm.rollback(len(prompt) + 2)
+    step = lm.forward(torch.tensor([[accepted[2]]]))[0, -1]
+    torch.testing.assert_close(step, want[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_rollback_does_not_copy_the_buffers(model):
+    lm = CachedLM(model)
+    lm.forward(torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    buffers = [layer._keys.data_ptr() for layer in lm.cache.layers]
+    lm.rollback(2)
+    lm.forward(torch.tensor([[7]]))
+    assert [layer._keys.data_ptr() for layer in lm.cache.layers] == buffers
+    assert all(layer.keys.shape[2] == 3 for layer in lm.cache.layers)
+
+
+def test_other_cache_layouts_fall_back_to_dynamic(model, monkeypatch):
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    class Sliding(DynamicCache):
+        def __init__(self, config=None):
+            super().__init__(config=config)
+            self.layers = [DynamicSlidingWindowLayer(sliding_window=4) for _ in self.layers]
+
+    monkeypatch.setattr(kv, "DynamicCache", Sliding)
+    cache = new_cache(model)
+    assert kv.cache_kind(cache) == "dynamic"
