@@ -68,20 +68,21 @@ def other_plugins() -> list[str]:
 
 @contextlib.contextmanager
 def _env(**values: str | None) -> Iterator[None]:
+    """Set (None: unset) environment variables for the block, then restore them."""
     old = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_env(values)
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_env(old)
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = None) -> dict[str, str | None]:
