@@ -8,7 +8,9 @@ greedy AR tokens for agreement when the grid samples.
 
 Rows are always recomputed from the records (:func:`build_rows`), by the benchmark and the report
 alike: throughput is total new tokens / total in-flight seconds of a cell, speedup is relative to
-the ``ar`` cell of the same dataset, seed and sampling settings.
+the ``ar`` cell of the same dataset, seed and sampling settings. Every quality figure (task
+quality, agreement with greedy AR) carries its n and 95 % interval, and every row a paired
+comparison with its baseline row on the same prompts and seeds (:mod:`relaxspec.eval.intervals`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from relaxspec.engine import GenerationStats
 from relaxspec.errors import RelaxSpecError
-from relaxspec.eval import diagnostics
+from relaxspec.eval import diagnostics, intervals
 from relaxspec.eval.peers import family, is_peer, runner_params
 
 RECORDS = "records.jsonl"
@@ -186,6 +188,13 @@ class Row:
     sandbox: str | None = None  # pass@1: "namespaces" (trusted), "guard-only" or "unknown" (untrusted)
     ar_identical: float | None = None  # share of prompts token-identical to greedy AR
     ar_prefix: float | None = None  # mean tokens in common with greedy AR before the first difference
+    # 95 % intervals (intervals.Interval.to_dict: estimate, low, high, n, method, ...)
+    quality_ci: dict[str, Any] | None = None
+    ar_identical_ci: dict[str, Any] | None = None
+    ar_prefix_ci: dict[str, Any] | None = None
+    # vs the baseline row (ar, else sd) on common (dataset, example, seed):
+    # {"baseline": label, "n_pairs": n, "quality": Paired.to_dict | None, "ar_identical": ...}
+    paired: dict[str, Any] | None = None
     diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
     sessions: int = 0
     seeds: list[int] = field(default_factory=list)
@@ -252,12 +261,80 @@ def summarize_cell(cell: Cell, records: Sequence[dict[str, Any]], reference: dic
     if refs:
         row.ar_identical = sum(a == b for a, b in refs) / len(refs)
         row.ar_prefix = sum(common_prefix(a, b) for a, b in refs) / len(refs)
+    outcomes = per_prompt(ok, reference)
+    row.quality_ci = figure_interval(outcomes["quality"])
+    row.ar_identical_ci = figure_interval(outcomes["ar_identical"])
+    row.ar_prefix_ci = figure_interval(outcomes["ar_prefix"])
     counters: dict[str, Any] = {}
     for r in ok:
         if r.get("diagnostics"):
             counters = diagnostics.merge_counters(counters, r["diagnostics"])
     row.diagnostics = diagnostics.summarize(counters)
     return row
+
+
+QUALITY_FIGURES = ("quality", "ar_identical", "ar_prefix")
+PAIRED_FIGURES = ("quality", "ar_identical")
+Outcome = tuple[str, str, int]  # (dataset, example id, seed): the unit pairs are matched on
+
+
+def per_prompt(
+    records: Iterable[dict[str, Any]], reference: dict[str, list[int]]
+) -> dict[str, dict[Outcome, float]]:
+    """Each quality figure's outcome per (dataset, example, seed) of successful ``records``:
+    ``quality`` (the task score), ``ar_identical`` (1 if token-identical to greedy AR) and
+    ``ar_prefix`` (tokens in common with greedy AR before the first difference)."""
+    out: dict[str, dict[Outcome, float]] = {name: {} for name in QUALITY_FIGURES}
+    for r in records:
+        if r.get("error") is not None:
+            continue
+        key = (r["cell"]["dataset"], r["example"], int(r["cell"]["seed"]))
+        if r.get("quality") is not None:
+            out["quality"][key] = float(r["quality"])
+        ref = reference.get(r["example"])
+        if ref is not None:
+            out["ar_identical"][key] = float(r["tokens"] == ref)
+            out["ar_prefix"][key] = float(common_prefix(r["tokens"], ref))
+    return out
+
+
+def _clusters(keys: Iterable[Outcome]) -> list[tuple[str, str]]:
+    """The prompt of each outcome: all seeds of one prompt are resampled together."""
+    return [(dataset, example) for dataset, example, _ in keys]
+
+
+def figure_interval(outcomes: dict[Outcome, float]) -> dict[str, Any] | None:
+    """95 % interval of one figure's mean over its outcomes (:func:`intervals.mean_interval`:
+    Wilson for 0/1 outcomes on distinct prompts, else a bootstrap clustered by prompt)."""
+    if not outcomes:
+        return None
+    return intervals.mean_interval(list(outcomes.values()), _clusters(outcomes)).to_dict()
+
+
+def paired_figures(
+    row: dict[str, dict[Outcome, float]], baseline: dict[str, dict[Outcome, float]], label: str
+) -> dict[str, Any]:
+    """A row's paired comparison with its baseline on their common (dataset, example, seed)."""
+    out: dict[str, Any] = {"baseline": label, "n_pairs": 0}
+    for name in PAIRED_FIGURES:
+        keys, x, y = intervals.pair_by_key(row[name], baseline[name])
+        out[name] = intervals.paired_comparison(x, y, _clusters(keys)).to_dict() if keys else None
+        out["n_pairs"] = max(out["n_pairs"], len(keys))
+    return out
+
+
+def baseline_of(row: Row, candidates: Sequence[Row]) -> Row | None:
+    """The row ``row`` is compared with: ``ar`` of the same dataset, seed and sampling settings,
+    else ``sd`` (same ``k`` where there is one), else None; a baseline has none itself."""
+    ar = [c for c in candidates if c.method == "ar"]
+    sd = [c for c in candidates if c.method == "sd"]
+    if ar:
+        base = ar[0]
+    elif sd:
+        base = next((c for c in sd if c.params.get("k") == row.params.get("k")), sd[0])
+    else:
+        return None
+    return None if base.key == row.key else base
 
 
 def sandbox_of(records: Iterable[dict[str, Any]]) -> str | None:
@@ -281,7 +358,11 @@ def sandbox_of(records: Iterable[dict[str, Any]]) -> str | None:
 def _quality(r: Row) -> str:
     if r.quality is None:
         return "-"
-    text = f"{r.quality:.3f} {r.quality_metric or ''}".strip()
+    if r.quality_ci is not None:
+        text = f"{intervals.format_interval(r.quality_ci)} {r.quality_metric or ''} n={r.quality_ci['n']}"
+        text = text.replace("  ", " ")
+    else:
+        text = f"{r.quality:.3f} {r.quality_metric or ''}".strip()
     if r.sandbox == "namespaces":
         return f"{text} (isolated)"
     if r.sandbox is not None:
@@ -341,12 +422,11 @@ def build_rows(
         seeds.setdefault(cell.key, set()).add(seed)
     refs = references(records)
     keys = [k for k in (order or []) if k in cells] + [k for k in cells if k not in set(order or [])]
-    rows = [
-        summarize_cell(
-            cells[k], by_cell[k], refs.get((cells[k].dataset, cells[k].sampling["max_new_tokens"]), {})
-        )
-        for k in keys
-    ]
+
+    def ref(k: str) -> dict[str, list[int]]:
+        return refs.get((cells[k].dataset, cells[k].sampling["max_new_tokens"]), {})
+
+    rows = [summarize_cell(cells[k], by_cell[k], ref(k)) for k in keys]
     labels = display_labels(cells.values())
     for row in rows:
         row.seeds = sorted(seeds[row.key])
@@ -362,7 +442,24 @@ def build_rows(
                 r.tokens_per_second,
                 ar.get((r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens)),
             )
+    pair_rows(rows, {k: per_prompt(by_cell[k], ref(k)) for k in keys}, cells)
     return rows
+
+
+def pair_rows(
+    rows: Sequence[Row], outcomes: dict[str, dict[str, dict[Outcome, float]]], cells: dict[str, Cell]
+) -> None:
+    """Set every row's paired comparison with its :func:`baseline_of` (same dataset, seed and
+    sampling settings, engine included), from the per-prompt ``outcomes`` of each cell key."""
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        c = cells[r.key]
+        groups.setdefault(json.dumps([c.dataset, c.seed, c.sampling], sort_keys=True), []).append(r)
+    for group in groups.values():
+        for r in group:
+            base = baseline_of(r, group)
+            if base is not None and r.prompts:
+                r.paired = paired_figures(outcomes[r.key], outcomes[base.key], base.label)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,15 +623,37 @@ COLUMNS = [
     ("verify ms/tok", lambda r: _fmt(r.verify_ms_per_token)),
     ("draft/verify/other %", _split),
     ("quality", _quality),
-    ("= AR", lambda r: _fmt(r.ar_identical)),
-    ("AR prefix", lambda r: _fmt(r.ar_prefix, "{:.1f}")),
+    ("Δ quality (paired)", lambda r: _paired(r, "quality")),
+    ("= AR", lambda r: _interval(r.ar_identical, r.ar_identical_ci)),
+    ("AR prefix", lambda r: _interval(r.ar_prefix, r.ar_prefix_ci, 1)),
 ]
+
+QUALITY_NOTE = (
+    "quality and = AR: mean [95 % interval] (Wilson for a proportion; bootstrap clustered by prompt "
+    "when seeds are pooled). Δ quality: paired difference from the baseline row (ar, else sd) on "
+    "the same prompts and seeds, with its paired-bootstrap 95 % interval, the exact McNemar p for "
+    "0/1 scores and the number of pairs."
+)
+
+
+def _interval(value: float | None, ci: dict[str, Any] | None, digits: int = 2) -> str:
+    if ci is None:
+        return _fmt(value, f"{{:.{digits}f}}")
+    return intervals.format_interval(ci, digits)
+
+
+def _paired(r: Row, name: str) -> str:
+    p = (r.paired or {}).get(name)
+    if p is None:
+        return "-"
+    return f"{intervals.format_paired(p)} vs {r.paired['baseline']}"
+
 
 TERMINAL_COLUMNS = [
     c
     for c in COLUMNS
     if c[0] in ("runner", "data", "seed", "prompts", "tok/s", "speedup", "τ", "verif/tok")
-    or c[0] in ("draft/verify/other %", "quality", "= AR")
+    or c[0] in ("draft/verify/other %", "quality", "Δ quality (paired)", "= AR")
 ]
 
 
@@ -558,7 +677,8 @@ def print_table(rows: Sequence[Row], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
+    shows_intervals = any(r.quality_ci or r.ar_identical_ci for r in rows)
+    table = Table(title=title, caption=QUALITY_NOTE if shows_intervals else None)
     for name, _ in TERMINAL_COLUMNS:
         table.add_column(name, justify="left" if name == "runner" else "right")
     for r in rows:

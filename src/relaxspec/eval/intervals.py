@@ -1,0 +1,324 @@
+"""Confidence intervals and paired comparisons for quality figures (one implementation).
+
+Every quality figure the benchmark, the report and ``relaxspec eval`` print goes through here:
+
+- :func:`wilson` — Wilson score interval for a proportion ``k`` of ``n`` (Wilson, 1927; recommended
+  over the Wald interval by Brown, Cai & DasGupta, *Interval Estimation for a Binomial Proportion*,
+  Statistical Science 16(2), 2001): exact-match and pass@1 rates, agreement with greedy AR;
+- :func:`bootstrap_mean` — percentile bootstrap interval for a mean (Efron & Tibshirani, *An
+  Introduction to the Bootstrap*, 1993, ch. 13), optionally resampling whole clusters (all seeds
+  of one prompt together; Davison & Hinkley, *Bootstrap Methods and their Application*, 1997,
+  §3.8), for non-binary figures or prompts × seeds;
+- :func:`mcnemar_exact` — exact McNemar test (McNemar, 1947): a two-sided binomial test of the
+  discordant pairs ``b`` vs ``c`` at p = 1/2;
+- :func:`paired_comparison` — two methods on the same prompts (× seeds): difference of means with
+  a paired bootstrap interval (resampling pairs, or clusters of pairs) and, for binary outcomes,
+  the exact McNemar p-value; :func:`pair_by_key` aligns two per-prompt results on their keys.
+
+The bootstrap draws come from a numpy ``Generator`` with a fixed seed, so every figure is
+reproducible from the records. Inputs are validated: empty samples, mismatched pairs, non-finite
+values and out-of-range counts raise :class:`~relaxspec.errors.RelaxSpecError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from relaxspec.errors import RelaxSpecError
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its two-sided interval; ``n`` observations (``clusters`` independent
+    units when observations were grouped, else ``n``); ``method`` names how it was computed."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int
+    method: str
+    confidence: float = CONFIDENCE
+    clusters: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """``x`` vs ``y`` on the same units: ``delta`` = mean(x) − mean(y) with its interval over
+    ``n_pairs`` pairs; for binary outcomes ``b`` = pairs where only x succeeds, ``c`` = only y, and
+    ``p_value`` the exact McNemar two-sided p-value (None for non-binary outcomes)."""
+
+    delta: float
+    low: float
+    high: float
+    n_pairs: int
+    b: int | None
+    c: int | None
+    p_value: float | None
+    method: str
+    confidence: float = CONFIDENCE
+    clusters: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_confidence(confidence: float) -> None:
+    if not (isinstance(confidence, int | float) and 0 < confidence < 1):
+        raise RelaxSpecError(f"confidence must be in (0, 1), got {confidence!r}")
+
+
+def _values(values: Sequence[float] | np.ndarray, name: str = "values") -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise RelaxSpecError(f"{name} must be numbers") from None
+    if arr.ndim != 1:
+        raise RelaxSpecError(f"{name} must be a flat sequence of numbers")
+    if arr.size == 0:
+        raise RelaxSpecError(f"{name} is empty: an interval needs at least one observation")
+    if not np.all(np.isfinite(arr)):
+        raise RelaxSpecError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def _cluster_index(clusters: Sequence[Hashable] | None, n: int) -> np.ndarray | None:
+    """Integer cluster ids (0..m-1) or None when every observation is its own cluster."""
+    if clusters is None:
+        return None
+    if len(clusters) != n:
+        raise RelaxSpecError(f"{len(clusters)} cluster labels for {n} observations")
+    ids: dict[Hashable, int] = {}
+    index = np.array([ids.setdefault(c, len(ids)) for c in clusters], dtype=np.int64)
+    return None if len(ids) == n else index
+
+
+def is_binary(values: Sequence[float] | np.ndarray) -> bool:
+    """Every value is 0 or 1 (a success/failure outcome)."""
+    arr = np.asarray(values, dtype=float)
+    return bool(np.all((arr == 0) | (arr == 1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# One sample
+
+
+def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:
+    """Wilson score interval for ``k`` successes in ``n`` trials (Wilson, 1927).
+
+    With ``z`` the normal quantile, ``p = k/n``: centre ``(p + z²/2n) / (1 + z²/n)``, half-width
+    ``z/(1 + z²/n) · sqrt(p(1−p)/n + z²/4n²)``. Unlike the Wald interval it stays inside [0, 1], is
+    not degenerate at ``k = 0`` or ``k = n``, and keeps close to nominal coverage at small ``n``
+    (Brown, Cai & DasGupta, 2001).
+    """
+    _check_confidence(confidence)
+    for name, v in (("k", k), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise RelaxSpecError(f"{name} must be an integer, got {v!r}")
+    if n < 1:
+        raise RelaxSpecError(f"a proportion needs n >= 1 trials, got n={n}")
+    if not 0 <= k <= n:
+        raise RelaxSpecError(f"successes k must be in [0, n={n}], got k={k}")
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low = 0.0 if k == 0 else max(0.0, min(p, centre - half))
+    high = 1.0 if k == n else min(1.0, max(p, centre + half))
+    return Interval(p, low, high, int(n), "wilson", confidence)
+
+
+def _percentile(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(draws, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def _bootstrap_means(
+    x: np.ndarray, index: np.ndarray | None, resamples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Means of ``resamples`` bootstrap samples of ``x`` (whole clusters when ``index`` is given)."""
+    if index is None:
+        draws = rng.integers(0, x.size, size=(resamples, x.size))
+        return x[draws].mean(axis=1)
+    m = int(index.max()) + 1
+    sums = np.bincount(index, weights=x, minlength=m)
+    counts = np.bincount(index, minlength=m).astype(float)
+    draws = rng.integers(0, m, size=(resamples, m))
+    return sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
+
+
+def _check_resamples(resamples: int) -> None:
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
+        raise RelaxSpecError(f"resamples must be an integer >= 100, got {resamples!r}")
+
+
+def bootstrap_mean(
+    values: Sequence[float] | np.ndarray,
+    clusters: Sequence[Hashable] | None = None,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> Interval:
+    """Percentile bootstrap interval for the mean of ``values`` (Efron & Tibshirani, 1993, ch. 13).
+
+    ``clusters`` (one label per value, e.g. the prompt of each prompt × seed outcome) resamples
+    whole clusters instead of single values (cluster bootstrap, Davison & Hinkley, 1997, §3.8), so
+    correlated outcomes of one prompt do not pass for independent evidence. Draws come from
+    ``numpy.random.default_rng(seed)``: the same data give the same interval. The interval is
+    widened, if need be, to contain the estimate. With one value (or one cluster) it is that
+    value: the bootstrap cannot say more; small samples of a proportion are better served by
+    :func:`wilson`.
+    """
+    _check_confidence(confidence)
+    _check_resamples(resamples)
+    x = _values(values)
+    index = _cluster_index(clusters, x.size)
+    estimate = float(x.mean())
+    means = _bootstrap_means(x, index, resamples, np.random.default_rng(seed))
+    low, high = _percentile(means, confidence)
+    m = x.size if index is None else int(index.max()) + 1
+    return Interval(
+        estimate,
+        min(low, estimate),
+        max(high, estimate),
+        int(x.size),
+        "bootstrap" if index is None else "cluster bootstrap",
+        confidence,
+        None if index is None else m,
+    )
+
+
+def mean_interval(
+    values: Sequence[float] | np.ndarray,
+    clusters: Sequence[Hashable] | None = None,
+    confidence: float = CONFIDENCE,
+) -> Interval:
+    """The interval the tables show for a mean: :func:`wilson` for independent 0/1 outcomes,
+    :func:`bootstrap_mean` (by cluster where a cluster holds several outcomes) otherwise."""
+    x = _values(values)
+    if _cluster_index(clusters, x.size) is None and is_binary(x):
+        return wilson(int(x.sum()), int(x.size), confidence)
+    return bootstrap_mean(x, clusters, confidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# Two methods on the same prompts
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value from the discordant pair counts (McNemar, 1947).
+
+    Under the null (both methods equally good) each of the ``b + c`` discordant pairs falls either
+    way with probability 1/2, so ``min(b, c) ~ Binomial(b + c, 1/2)``; the p-value is
+    ``min(1, 2 · P(X ≤ min(b, c)))`` — for a symmetric binomial the same as the point-probability
+    two-sided binomial test (``scipy.stats.binomtest(b, b + c, 0.5)``). Exact integer arithmetic;
+    ``b = c = 0`` gives 1.
+    """
+    for name, v in (("b", b), ("c", c)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
+            raise RelaxSpecError(f"discordant count {name} must be a non-negative integer, got {v!r}")
+    n, k = int(b) + int(c), min(int(b), int(c))
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1))
+    return min(1.0, 2 * tail / 2**n)
+
+
+def pair_by_key(
+    x: Mapping[Hashable, float], y: Mapping[Hashable, float]
+) -> tuple[list[Hashable], list[float], list[float]]:
+    """(keys, x values, y values) on the keys both hold, in ``x``'s order (pairing is exact: a
+    result missing on either side drops that key only)."""
+    keys = [k for k in x if k in y]
+    return keys, [x[k] for k in keys], [y[k] for k in keys]
+
+
+def paired_comparison(
+    x: Sequence[float] | np.ndarray,
+    y: Sequence[float] | np.ndarray,
+    clusters: Sequence[Hashable] | None = None,
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+) -> Paired:
+    """``x`` vs ``y`` measured on the same units (``x[i]`` and ``y[i]`` on prompt × seed ``i``).
+
+    ``delta`` = mean(x) − mean(y); its interval is the paired percentile bootstrap: resample
+    pairs (or whole ``clusters`` of pairs, e.g. all seeds of a prompt) and take the mean of the
+    differences ``x[i] − y[i]`` (Efron & Tibshirani, 1993, ch. 13). Pairing removes the
+    between-prompt variance both methods share, so it is tighter than comparing two separate
+    intervals. For 0/1 outcomes also the discordant counts ``b`` (x right, y wrong), ``c`` (x
+    wrong, y right) and the exact McNemar p-value (:func:`mcnemar_exact`); McNemar treats pairs as
+    independent, so with several seeds per prompt read it with the clustered interval.
+    """
+    a, b_ = _values(x, "x"), _values(y, "y")
+    if a.size != b_.size:
+        raise RelaxSpecError(f"paired comparison needs pairs: {a.size} values vs {b_.size}")
+    iv = bootstrap_mean(a - b_, clusters, confidence, resamples, seed)
+    b = c = p = None
+    if is_binary(a) and is_binary(b_):
+        b = int(np.sum((a == 1) & (b_ == 0)))
+        c = int(np.sum((a == 0) & (b_ == 1)))
+        p = mcnemar_exact(b, c)
+    return Paired(
+        delta=iv.estimate,
+        low=iv.low,
+        high=iv.high,
+        n_pairs=iv.n,
+        b=b,
+        c=c,
+        p_value=p,
+        method="paired " + iv.method + (" + exact McNemar" if p is not None else ""),
+        confidence=confidence,
+        clusters=iv.clusters,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+
+
+def format_interval(iv: Mapping[str, Any] | Interval | None, digits: int = 2) -> str:
+    """``0.80 [0.62–0.91]`` (``-`` for None)."""
+    if iv is None:
+        return "-"
+    d = iv.to_dict() if isinstance(iv, Interval) else iv
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(d['estimate'])} [{f.format(d['low'])}–{f.format(d['high'])}]"
+
+
+def format_paired(p: Mapping[str, Any] | Paired | None, digits: int = 2) -> str:
+    """``+0.05 [-0.10, +0.20] p=0.62 n=20`` (``-`` for None; no p for non-binary outcomes)."""
+    if p is None:
+        return "-"
+    d = p.to_dict() if isinstance(p, Paired) else p
+    f = f"{{:+.{digits}f}}"
+    text = f"{f.format(d['delta'])} [{f.format(d['low'])}, {f.format(d['high'])}]"
+    if d.get("p_value") is not None:
+        text += f" p={format_p(d['p_value'])}"
+    return f"{text} n={d['n_pairs']}"
+
+
+def format_p(p: float) -> str:
+    """``0.62``, ``0.003``, ``<0.001``."""
+    if p < 0.001:
+        return "<0.001"
+    return f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
