@@ -238,6 +238,14 @@ def test_grid_run_resume_and_new_cells(model_dirs, prompts, tmp_path):
     assert rows["sd k=2"]["ar_identical"] == 1.0  # greedy sd is lossless
     assert rows["hf-generate"]["ar_identical"] == 1.0  # HF greedy = our greedy AR
     assert "rejections" in rows["nsd k=2 theta=0.5"]["diagnostics"]
+    # agreement with greedy AR: n and 95 % interval; paired with ar on the same prompts and seed
+    ci = rows["sd k=2"]["ar_identical_ci"]
+    assert ci["n"] == 3 and ci["method"] == "wilson" and 0.4 < ci["low"] < ci["high"] == 1.0
+    paired = rows["nsd k=2 theta=0.5"]["paired"]
+    assert paired["baseline"] == "ar" and paired["n_pairs"] == 3 and paired["quality"] is None
+    assert paired["ar_identical"]["n_pairs"] == 3 and rows["ar"]["paired"] is None
+    saved = json.loads((out / "results.json").read_text())["rows"]
+    assert all("quality_ci" in r and "ar_identical_ci" in r and "paired" in r for r in saved)
     for name in ("results.json", "results.csv", "results.md", "manifest.json"):
         assert (out / name).is_file()
     n = len(load_records(out))

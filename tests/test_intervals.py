@@ -315,7 +315,7 @@ def test_rows_carry_intervals_and_exact_pairs_with_ar():
     assert n.paired["ar_identical"]["delta"] == pytest.approx(-1.0)
     text = markdown_table([a, n])
     assert "0.80 [0.49–0.94] exact_match n=10" in text
-    assert "-0.20 [" in text and "p=0.50 n=10 vs ar" in text
+    assert "-0.20 [" in text and "p=0.50 n=10 |" in text  # 10 pairs of the row's 11
 
 
 def test_pooled_seeds_pair_by_prompt_and_seed_and_cluster_by_prompt():
@@ -344,6 +344,8 @@ def test_without_ar_rows_pair_with_sd_of_the_same_k_else_with_nothing():
     rows = {r.label: r for r in build_rows(records)}
     assert rows["nsd k=8 theta=0.9"].paired["baseline"] == "sd k=8"
     assert rows["sd k=4"].paired is None and rows["sd k=8"].paired is None  # baselines themselves
+    delta = dict(COLUMNS)["Δ quality (paired)"](rows["nsd k=8 theta=0.9"])
+    assert delta == "-1.00 [-1.00, -1.00] p=0.25 vs sd k=8"  # same n as the row: not repeated
     only = build_rows([rec("nsd", "e0", 1.0, k=4)])
     assert only[0].paired is None and only[0].quality_ci["n"] == 1
 

@@ -15,6 +15,7 @@ from relaxspec.data.tokens import fixed_windows, load_stream
 from relaxspec.engine.kv import CachedLM
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.datasets import math_examples
+from relaxspec.eval.intervals import wilson
 from relaxspec.methods import build_engine
 from relaxspec.models import load_model
 
@@ -38,7 +39,8 @@ def heldout_losses(
 def math_accuracy(
     model_dir: str | Path, limit: int, max_new_tokens: int = 160, progress: bool = True
 ) -> dict:
-    """Greedy AR exact-match accuracy on the first ``limit`` held-out math problems."""
+    """Greedy AR exact-match accuracy on the first ``limit`` held-out math problems, with its
+    Wilson 95 % interval (``math_accuracy_ci``: [low, high])."""
     target = load_model(model_dir)
     engine = build_engine("ar", target)
     correct, tokens, started = 0, 0, time.perf_counter()
@@ -48,8 +50,10 @@ def math_accuracy(
         )
         correct += int(ex.score(result.text) or 0)
         tokens += len(result.tokens)
+    ci = wilson(correct, limit)
     return {
         "math_accuracy": correct / limit,
+        "math_accuracy_ci": [round(ci.low, 3), round(ci.high, 3)],
         "math_problems": limit,
         "math_new_tokens": tokens,
         "math_seconds": time.perf_counter() - started,

@@ -305,7 +305,7 @@ def format_interval(iv: Mapping[str, Any] | Interval | None, digits: int = 2) ->
     return f"{f.format(d['estimate'])} [{f.format(d['low'])}–{f.format(d['high'])}]"
 
 
-def format_paired(p: Mapping[str, Any] | Paired | None, digits: int = 2) -> str:
+def format_paired(p: Mapping[str, Any] | Paired | None, digits: int = 2, show_n: bool = True) -> str:
     """``+0.05 [-0.10, +0.20] p=0.62 n=20`` (``-`` for None; no p for non-binary outcomes)."""
     if p is None:
         return "-"
@@ -314,7 +314,7 @@ def format_paired(p: Mapping[str, Any] | Paired | None, digits: int = 2) -> str:
     text = f"{f.format(d['delta'])} [{f.format(d['low'])}, {f.format(d['high'])}]"
     if d.get("p_value") is not None:
         text += f" p={format_p(d['p_value'])}"
-    return f"{text} n={d['n_pairs']}"
+    return f"{text} n={d['n_pairs']}" if show_n else text
 
 
 def format_p(p: float) -> str:

@@ -29,6 +29,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.results import (
     ALL_SEEDS,
     COLUMNS,
+    QUALITY_NOTE,
     Row,
     build_rows,
     dataset_name,
@@ -163,13 +164,21 @@ def _save(fig, path: Path, tight: bool = True) -> Path:
     return path
 
 
-def _quality_axis(rows: Sequence[Row]) -> tuple[Callable[[Row], float | None], str] | None:
-    """Task quality where the dataset has a metric, else agreement with greedy AR, else None."""
+Axis = tuple[Callable[[Row], float | None], str, Callable[[Row], dict[str, Any] | None]]
+
+
+def _quality_axis(rows: Sequence[Row]) -> Axis | None:
+    """(value, name, 95 % interval) of task quality where the dataset has a metric, else of
+    agreement with greedy AR, else None."""
     metric = next((r.quality_metric for r in rows if r.quality is not None), None)
     if metric is not None:
-        return (lambda r: r.quality), metric
+        return (lambda r: r.quality), metric, (lambda r: r.quality_ci)
     if any(r.ar_identical is not None for r in rows):
-        return (lambda r: r.ar_identical), "share of prompts identical to greedy AR"
+        return (
+            (lambda r: r.ar_identical),
+            "share of prompts identical to greedy AR",
+            (lambda r: r.ar_identical_ci),
+        )
     return None
 
 
@@ -187,15 +196,34 @@ def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
 
 
 def _scatter_by_family(
-    ax, rows: Sequence[Row], x: Callable[[Row], float | None], y: Callable[[Row], float | None]
+    ax,
+    rows: Sequence[Row],
+    x: Callable[[Row], float | None],
+    y: Callable[[Row], float | None],
+    ci: Callable[[Row], dict[str, Any] | None] | None = None,
 ) -> None:
-    """Colour by family, marker by method; each family's Pareto frontier drawn and labelled."""
+    """Colour by family, marker by method; each family's Pareto frontier drawn and labelled;
+    ``ci`` draws each point's 95 % interval as a vertical bar."""
     pts = [(r, x(r), y(r)) for r in rows if x(r) is not None and y(r) is not None]
     methods = list(dict.fromkeys(r.method for r, _, _ in pts))
     for method in methods:
         mine = [(r, xv, yv) for r, xv, yv in pts if r.method == method]
         color = FAMILY_STYLE.get(mine[0][0].family, ("tab:red", "v"))[0]
         marker = MARKERS[methods.index(method) % len(MARKERS)]
+        bars = [(xv, yv, ci(r)) for r, xv, yv in mine if ci is not None and ci(r) is not None]
+        if bars:
+            ax.errorbar(
+                [b[0] for b in bars],
+                [b[1] for b in bars],
+                yerr=[
+                    [max(0.0, b[1] - b[2]["low"]) for b in bars],
+                    [max(0.0, b[2]["high"] - b[1]) for b in bars],
+                ],
+                fmt="none",
+                ecolor=color,
+                elinewidth=0.8,
+                alpha=0.4,
+            )
         ax.scatter(
             [p[1] for p in mine],
             [p[2] for p in mine],
@@ -222,12 +250,16 @@ def plot_frontier(rows: Sequence[Row], path: Path, title: str) -> Path | None:
     axis = _quality_axis(rows)
     if axis is None or not any(r.speedup for r in rows):
         return None
-    y, name = axis
+    y, name, ci = axis
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    _scatter_by_family(ax, rows, lambda r: r.speedup, y)
+    _scatter_by_family(ax, rows, lambda r: r.speedup, y, ci)
     ax.axvline(1.0, color="black", lw=0.5, ls=":")
-    ax.set(xlabel="speedup vs our AR (same run)", ylabel=name, title=f"speed–quality · {title}")
+    ax.set(
+        xlabel="speedup vs our AR (same run)",
+        ylabel=f"{name} (bars: 95 % interval)",
+        title=f"speed–quality · {title}",
+    )
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -238,12 +270,14 @@ def plot_calls(rows: Sequence[Row], path: Path, title: str) -> Path | None:
     pts = [r for r in rows if r.verifier_calls_per_token is not None and r.method != "ar"]
     if axis is None or not pts:
         return None
-    y, name = axis
+    y, name, ci = axis
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    _scatter_by_family(ax, pts, lambda r: r.verifier_calls_per_token, y)
+    _scatter_by_family(ax, pts, lambda r: r.verifier_calls_per_token, y, ci)
     ax.set(
-        xlabel="verifier calls per output token", ylabel=name, title=f"quality vs verifier calls · {title}"
+        xlabel="verifier calls per output token",
+        ylabel=f"{name} (bars: 95 % interval)",
+        title=f"quality vs verifier calls · {title}",
     )
     ax.grid(alpha=0.3)
     return _save(fig, path)
@@ -313,7 +347,7 @@ def plot_sweep(rows: Sequence[Row], param: str, path: Path, title: str) -> Path:
         ("τ", lambda r: r.tau),
     ]
     if axis is not None:
-        panels.append((axis[1], axis[0]))
+        panels.append((axis[1], axis[0]))  # the table next to the plot gives the intervals
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
     values = sorted({r.params[param] for r in rows}, key=_sort_key)
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
@@ -534,6 +568,8 @@ def section(rows: Sequence[Row], per_seed: Sequence[Row], plots: Path, rel: Path
                 ("full-prefix acc.", lambda r: _cell(r.full_prefix_acceptance, "{:.3f}")),
             ]
         parts.append(f"### {title}\n\n" + markdown_table(group, cols))
+        if any(r.quality_ci or r.ar_identical_ci for r in group):
+            parts.append(f"{QUALITY_NOTE}\n")
         comparisons = hf_comparisons(group)
         if comparisons:
             parts.append(

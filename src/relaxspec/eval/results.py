@@ -630,9 +630,9 @@ COLUMNS = [
 
 QUALITY_NOTE = (
     "quality and = AR: mean [95 % interval] (Wilson for a proportion; bootstrap clustered by prompt "
-    "when seeds are pooled). Δ quality: paired difference from the baseline row (ar, else sd) on "
-    "the same prompts and seeds, with its paired-bootstrap 95 % interval, the exact McNemar p for "
-    "0/1 scores and the number of pairs."
+    "when seeds are pooled). Δ quality: paired difference from the ar row (else sd, named) on the "
+    "same prompts and seeds, with its paired-bootstrap 95 % interval and the exact McNemar p for "
+    "0/1 scores; n: pairs, where fewer than the row's n."
 )
 
 
@@ -643,10 +643,14 @@ def _interval(value: float | None, ci: dict[str, Any] | None, digits: int = 2) -
 
 
 def _paired(r: Row, name: str) -> str:
+    """Δ [interval] p; the number of pairs where it differs from the row's own n (results missing
+    on either side), the baseline where it is not ``ar``."""
     p = (r.paired or {}).get(name)
     if p is None:
         return "-"
-    return f"{intervals.format_paired(p)} vs {r.paired['baseline']}"
+    own = getattr(r, f"{name}_ci") or {}
+    text = intervals.format_paired(p, show_n=p["n_pairs"] != own.get("n"))
+    return text if r.paired["baseline"] == "ar" else f"{text} vs {r.paired['baseline']}"
 
 
 TERMINAL_COLUMNS = [
