@@ -113,3 +113,28 @@ def test_shared_cache_rows_match_fresh_forwards(target):
         for req, seq in zip(last, seqs, strict=True):
             fresh = model(torch.tensor([[*seq, 5]])).logits[0, -1].float()
             assert (req.result[0, -1] - fresh).abs().max() < 1e-4
+
+
+def test_shared_cache_is_position_indexed_and_steps_write_in_place(target):
+    """The batched cache's layers are PositionLayers: a step writes its new slots into the
+    preallocated buffers (no copy of the other rows' K/V), and a row joining or leaving reshapes
+    the buffers once."""
+    from relaxspec.engine.batching import RowLM, _Request
+    from relaxspec.engine.kv import PositionLayer, cache_kind
+
+    model = target.model
+    batcher = Batcher()
+    shared = SharedCache(model)
+    rows = [RowLM(model, f"row{i}", batcher) for i in range(2)]
+    for i, row in enumerate(rows):
+        batcher._prefill(shared, _Request(row, torch.tensor([[3 + i, 4, 5]]), 1))
+    assert cache_kind(shared.cache) == "position"
+    layer = shared.cache.layers[0]
+    assert isinstance(layer, PositionLayer) and layer._keys.shape[0] == 2
+    buffers = [x._keys.data_ptr() for x in shared.cache.layers]
+    for _ in range(5):
+        shared.forward([_Request(row, torch.tensor([[6, 7]]), 1) for row in rows])
+    assert [x._keys.data_ptr() for x in shared.cache.layers] == buffers
+    assert layer.keys.shape[2] == shared.physical_length
+    shared.remove(rows[0])
+    assert shared.cache.layers[0]._keys.shape[0] == 1 and shared.cache.layers[0].keys.shape[2] == 13

@@ -145,6 +145,8 @@ def test_transformers_applies_a_custom_4d_mask_with_positions_and_cache(model):
     explicit positions == the full forward; a different mask changes the output."""
     from transformers import DynamicCache
 
+    from relaxspec.engine.kv import cache_argument
+
     ids = torch.randint(3, 11, (1, 10))
     n = ids.shape[1]
     pos = torch.arange(n)
@@ -154,9 +156,12 @@ def test_transformers_applies_a_custom_4d_mask_with_positions_and_cache(model):
         custom = model(ids, attention_mask=causal, position_ids=pos[None]).logits
         torch.testing.assert_close(custom, default)
         cache = DynamicCache(config=model.config)
-        model(ids[:, :6], cache=cache, use_cache=True)
+        model(ids[:, :6], use_cache=True, **cache_argument(model, cache))
         tail = model(
-            ids[:, 6:], attention_mask=causal[:, :, 6:], position_ids=pos[None, 6:], cache=cache
+            ids[:, 6:],
+            attention_mask=causal[:, :, 6:],
+            position_ids=pos[None, 6:],
+            **cache_argument(model, cache),
         ).logits
         torch.testing.assert_close(tail, default[:, 6:], atol=1e-5, rtol=1e-5)
         full = torch.zeros_like(causal)  # bidirectional: must differ from causal

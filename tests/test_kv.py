@@ -69,3 +69,20 @@ def test_other_cache_layouts_fall_back_to_dynamic(model, monkeypatch):
     monkeypatch.setattr(kv, "DynamicCache", Sliding)
     cache = new_cache(model)
     assert kv.cache_kind(cache) == "dynamic"
+
+
+def test_crop_and_assign_follow_transformers_contract(model):
+    layer = PositionLayer(max_length=64)
+    k = torch.randn(2, 1, 5, 4)
+    layer.update(k, k + 1)
+    layer.crop(-2)  # negative: drop that many
+    assert layer.get_seq_length() == 3
+    layer.crop(10)  # positive: keep at most that many
+    assert layer.get_seq_length() == 3
+    layer.crop(1)
+    assert layer.get_seq_length() == 1 and torch.equal(layer.keys, k[:, :, :1])
+    replacement = torch.randn(1, 1, 7, 4)
+    layer.assign(replacement, -replacement)
+    assert torch.equal(layer.keys, replacement) and torch.equal(layer.values, -replacement)
+    layer.update(k[:1, :, :2], k[:1, :, :2])
+    assert layer.get_seq_length() == 9 and torch.equal(layer.keys[:, :, :7], replacement)

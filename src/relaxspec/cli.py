@@ -765,6 +765,13 @@ def serve_cmd(
     batching: Annotated[
         bool, typer.Option(help="batch the forwards of concurrent requests (off: each decodes alone)")
     ] = True,
+    adaptive_k: Annotated[
+        bool,
+        typer.Option(
+            help="draft-model methods pick each cycle's draft length in 0..k for tokens per second, "
+            "from the running requests and measured acceptance (off: always k)"
+        ),
+    ] = True,
     max_tokens_cap: Annotated[
         int | None, typer.Option(help="largest max_tokens a request may ask for (default: the context)")
     ] = None,
@@ -818,7 +825,7 @@ def serve_cmd(
     models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models)
     pool = ServingPool(
         models, opts.method, opts.params, max_concurrency=max_concurrency, max_queue=max_queue,
-        batching=batching,
+        batching=batching, adaptive_k=adaptive_k,
     )
     tokenizer, context = serving_tokenizer_and_context(models, opts.method)
     app = create_app(

@@ -51,7 +51,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from relaxspec.core.sampling import check_finite
-from relaxspec.engine.kv import CachedLM, lm_factory, model_logits
+from relaxspec.engine.kv import CachedLM, lm_factory, model_logits, new_cache, set_layer_kv
 from relaxspec.errors import Cancelled
 
 CANCEL_POLL_SECONDS = 0.05  # how often a waiting generation checks its cancel event
@@ -118,8 +118,7 @@ class SharedCache:
             pad = T - n
             k = torch.nn.functional.pad(theirs.keys, (0, 0, pad, 0))
             v = torch.nn.functional.pad(theirs.values, (0, 0, pad, 0))
-            mine.keys = torch.cat([mine.keys, k], dim=0)
-            mine.values = torch.cat([mine.values, v], dim=0)
+            set_layer_kv(mine, torch.cat([mine.keys, k], dim=0), torch.cat([mine.values, v], dim=0))
         valid = torch.zeros((1, T), dtype=torch.bool)
         valid[0, T - n :] = True
         position = torch.full((1, T), -1, dtype=torch.long)
@@ -143,7 +142,7 @@ class SharedCache:
             return
         idx = torch.tensor(keep)
         for layer in _layers(self.cache):
-            layer.keys, layer.values = layer.keys[idx], layer.values[idx]
+            set_layer_kv(layer, layer.keys[idx], layer.values[idx])
         self.valid, self.position = self.valid[idx], self.position[idx]
         self._compact_if_sparse()
 
@@ -157,9 +156,11 @@ class SharedCache:
     # --- storage maintenance --------------------------------------------------------------
 
     def _pad_front(self, n: int) -> None:
+        def pad(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, 0, n, 0))
+
         for layer in _layers(self.cache):
-            layer.keys = torch.nn.functional.pad(layer.keys, (0, 0, n, 0))
-            layer.values = torch.nn.functional.pad(layer.values, (0, 0, n, 0))
+            set_layer_kv(layer, pad(layer.keys), pad(layer.values))
         B = len(self.rows)
         self.valid = torch.cat([torch.zeros((B, n), dtype=torch.bool), self.valid], dim=1)
         self.position = torch.cat([torch.full((B, n), -1, dtype=torch.long), self.position], dim=1)
@@ -178,8 +179,7 @@ class SharedCache:
         order = torch.argsort(self.valid.int(), dim=1, stable=True)[:, T - L :]  # valid slots last, in order
         for layer in _layers(self.cache):
             idx = order[:, None, :, None].expand(B, layer.keys.shape[1], L, layer.keys.shape[3])
-            layer.keys = torch.gather(layer.keys, 2, idx)
-            layer.values = torch.gather(layer.values, 2, idx)
+            set_layer_kv(layer, torch.gather(layer.keys, 2, idx), torch.gather(layer.values, 2, idx))
         self.valid = torch.gather(self.valid, 1, order)
         self.position = torch.where(self.valid, torch.gather(self.position, 1, order), -1)
 
@@ -227,7 +227,7 @@ class SharedCache:
     def _truncate(self, length: int) -> None:
         for layer in _layers(self.cache):
             if layer.keys is not None and layer.keys.shape[-2] > length:
-                layer.keys, layer.values = layer.keys[..., :length, :], layer.values[..., :length, :]
+                layer.crop(length)
 
     def _trim_tail(self) -> None:
         """Crop trailing columns that are holes in every row."""
@@ -494,7 +494,7 @@ class Batcher:
 
     @torch.inference_mode()
     def _prefill(self, shared: SharedCache, req: _Request) -> None:
-        single = DynamicCache(config=req.row.model.config)
+        single = new_cache(req.row.model)
         n = req.tokens.shape[1]
         logits = model_logits(req.row.model, req.tokens, single)
         keep = n if req.keep == 0 else min(req.keep, n)

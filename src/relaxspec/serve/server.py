@@ -726,6 +726,15 @@ class Metrics:
             for method, total in sorted(self._totals.items()):
                 tau.add_metric([method], total.tau)
         yield tau
+        chosen = CounterMetricFamily(
+            "relaxspec_draft_length_cycles",
+            "Cycles per draft length chosen by the adaptive policy (K = 0: an AR step)",
+            labels=["policy", "k"],
+        )
+        for policy, counts in sorted(self.pool.draft_length_stats().items()):
+            for k, cycles in counts.items():
+                chosen.add_metric([policy, str(k)], cycles)
+        yield chosen
         outcomes = CounterMetricFamily(
             "relaxspec_pool_requests", "Requests seen by the serving pool by outcome", labels=["outcome"]
         )

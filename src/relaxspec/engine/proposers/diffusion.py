@@ -45,7 +45,7 @@ import torch
 from transformers import PreTrainedModel
 
 from relaxspec.core.sampling import SamplingParams, check_finite, processed_probs, sample
-from relaxspec.engine.kv import CachedLM
+from relaxspec.engine.kv import CachedLM, cache_argument
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import LoadedModel, load_model
@@ -153,12 +153,13 @@ class DiffusionLM(CachedLM):
         dtype = next(self.model.parameters()).dtype
         bias = inference_bias(cached, n_committed, gamma, dtype).to(self.device)
         positions = torch.arange(cached, n_committed + gamma, device=self.device)[None]
-        out = self.model.get_decoder()(
+        decoder = self.model.get_decoder()
+        out = decoder(
             input_ids=tokens.to(self.device),
             attention_mask=bias,
             position_ids=positions,
-            cache=self.cache,
             use_cache=True,
+            **cache_argument(decoder, self.cache),
         )
         self.calls += 1
         self.length += n_fed

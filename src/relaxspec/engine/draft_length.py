@@ -1,0 +1,207 @@
+"""Draft length chosen per cycle for goodput: speculation that adapts to load (issue 14).
+
+A fixed draft length K is right for one request and wrong under load: in a batched step every row
+verifies K + 1 tokens, so the verifier's forward grows with B·(K + 1) tokens while the tokens a
+row gains per cycle do not. :class:`GoodputDraftLength` picks, before each cycle, the K in
+``0 .. k_max`` (0 = a plain AR step) that maximises expected committed tokens per *second*:
+
+    E[tokens | K] = Σ_{i=0}^{K} Π_{j=1}^{i} α_j        (the i = 0 term: the bonus / recovered token)
+    T(K, B)       = t_target(B·(K+1)) + K · t_draft(B)
+    K*            = argmax_K  E[tokens | K] / T(K, B)
+
+where α_j is the measured rate at which draft position j is accepted given that positions
+``< j`` were (:class:`AcceptanceTracker`, exponentially decayed so it follows the workload),
+``t_model(n)`` the measured seconds of one forward over n new tokens (:class:`StepCosts`,
+:func:`measure_step_costs`: matrix multiplies on a CPU cost far from linearly in n at small n),
+and B the number of rows that share the step (1 without batching). Because ``K = 0`` is always a
+candidate, the policy only speculates where it expects more tokens per second than AR.
+
+A policy that settles on K = 0 stops seeing acceptance data; every ``probe_every``-th such cycle
+it drafts anyway (its best K > 0) so that α keeps tracking the workload.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from relaxspec.engine.kv import model_logits, new_cache
+from relaxspec.errors import RelaxSpecError
+
+TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of one forward over ``n`` new tokens, interpolated from measured points.
+
+    ``tokens`` strictly increasing; beyond the last point the cost grows linearly with the last
+    segment's slope (more tokens never cost less).
+    """
+
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) < 2 or len(self.tokens) != len(self.seconds):
+            raise RelaxSpecError("step costs need at least two (tokens, seconds) points")
+        if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
+            raise RelaxSpecError("step-cost token counts must be strictly increasing")
+        if any(not (s > 0) for s in self.seconds):
+            raise RelaxSpecError("step costs must be positive seconds")
+
+    def __call__(self, n_tokens: float) -> float:
+        x, y = self.tokens, self.seconds
+        if n_tokens <= x[-1]:
+            return float(np.interp(n_tokens, x, y))
+        slope = max((y[-1] - y[-2]) / (x[-1] - x[-2]), 0.0)
+        return y[-1] + slope * (n_tokens - x[-1])
+
+
+@torch.inference_mode()
+def measure_step_costs(
+    model: PreTrainedModel,
+    token_counts: Sequence[int] = TOKEN_COUNTS,
+    context: int = 64,
+    repeats: int = 3,
+) -> StepCosts:
+    """Time ``model``'s forward over n new tokens after a ``context``-token prefix (median of
+    ``repeats`` after one warm-up), for each n in ``token_counts``; returns :class:`StepCosts`.
+
+    Token counts that do not fit the model's context window are skipped.
+    """
+    limit = int(getattr(model.config, "max_position_embeddings", 2048))
+    vocab = model.get_input_embeddings().weight.shape[0]
+    counts = [n for n in token_counts if context + n <= limit]
+    if len(counts) < 2:
+        raise RelaxSpecError(f"the model's context ({limit}) is too short to measure step costs")
+    generator = torch.Generator().manual_seed(0)
+    cache = new_cache(model)
+    model_logits(model, torch.randint(0, vocab, (1, context), generator=generator), cache, 1)
+    seconds = []
+    for n in counts:
+        tokens = torch.randint(0, vocab, (1, n), generator=generator)
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            model_logits(model, tokens, cache, n)
+            times.append(time.perf_counter() - t0)
+            cache.crop(context)
+        seconds.append(max(float(np.median(times[1:])), 1e-7))
+    for i in range(1, len(seconds)):  # noise must not make more tokens look cheaper
+        seconds[i] = max(seconds[i], seconds[i - 1])
+    return StepCosts(tuple(counts), tuple(seconds))
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per-position conditional acceptance rates ``α_j``, exponentially decayed.
+
+    ``reached[j]`` counts cycles that drafted position j + 1 with positions ``≤ j`` accepted,
+    ``accepted[j]`` those that also accepted it. Each starts from ``prior_weight`` pseudo-cycles
+    at rate ``prior``, so a fresh tracker speculates and learns.
+    """
+
+    k_max: int
+    decay: float = 0.99
+    prior: float = 0.7
+    prior_weight: float = 2.0
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.k_max < 1 or not 0 < self.decay <= 1 or not 0 <= self.prior <= 1:
+            raise RelaxSpecError("AcceptanceTracker needs k_max >= 1, decay in (0, 1], prior in [0, 1]")
+        self.reached = [self.prior_weight] * self.k_max
+        self.accepted = [self.prior_weight * self.prior] * self.k_max
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """Record one verified cycle that drafted ``proposed`` tokens and accepted ``accepted``."""
+        with self._lock:
+            self.reached = [r * self.decay for r in self.reached]
+            self.accepted = [a * self.decay for a in self.accepted]
+            for j in range(min(proposed, accepted + 1, self.k_max)):
+                self.reached[j] += 1.0
+                if j < accepted:
+                    self.accepted[j] += 1.0
+
+    def rates(self) -> list[float]:
+        """``[α_1 .. α_{k_max}]``."""
+        with self._lock:
+            return [a / r for a, r in zip(self.accepted, self.reached, strict=True)]
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """``E[tokens | K = k] = Σ_{i=0}^{k} Π_{j≤i} α_j``: committed tokens per verified cycle."""
+    total, survive = 1.0, 1.0
+    for alpha in rates[:k]:
+        survive *= alpha
+        total += survive
+    return total
+
+
+def best_draft_length(
+    rates: Sequence[float], k_max: int, rows: int, target: StepCosts, draft: StepCosts
+) -> tuple[int, list[float]]:
+    """``(K*, goodput per K)``: tokens per second of one row for K = 0 .. k_max (module doc)."""
+    goodput = []
+    for k in range(k_max + 1):
+        seconds = target(rows * (k + 1)) + k * draft(rows)
+        goodput.append(expected_tokens(rates, k) / seconds)
+    return int(np.argmax(goodput)), goodput
+
+
+@dataclass
+class GoodputDraftLength:
+    """Choose each cycle's draft length from the batch size and measured acceptance.
+
+    ``rows()`` returns how many rows share a step now (the batcher's active generations; 1 for a
+    request decoded alone). One instance is shared by the requests of one method, so acceptance
+    is learned across them.
+    """
+
+    target_costs: StepCosts
+    draft_costs: StepCosts
+    k_max: int
+    rows: Callable[[], int] = lambda: 1
+    probe_every: int = 16
+    tracker: AcceptanceTracker | None = None
+    chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
+    _ar_streak: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.k_max < 1:
+            raise RelaxSpecError(f"adaptive draft length needs k_max >= 1, got {self.k_max}")
+        if self.tracker is None:
+            self.tracker = AcceptanceTracker(self.k_max)
+
+    def choose(self, k_cap: int) -> int:
+        """The draft length for the next cycle, at most ``min(k_cap, k_max)``."""
+        cap = max(0, min(k_cap, self.k_max))
+        if cap == 0:
+            return 0
+        assert self.tracker is not None
+        k, goodput = best_draft_length(
+            self.tracker.rates(), cap, max(1, self.rows()), self.target_costs, self.draft_costs
+        )
+        with self._lock:
+            if k == 0:
+                self._ar_streak += 1
+                if self._ar_streak % self.probe_every == 0:  # keep α measured
+                    k = 1 + int(np.argmax(goodput[1:]))
+            else:
+                self._ar_streak = 0
+            self.chosen[k] = self.chosen.get(k, 0) + 1
+        return k
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        assert self.tracker is not None
+        self.tracker.observe(proposed, accepted)

@@ -1,0 +1,151 @@
+"""Adaptive draft length (relaxspec.engine.draft_length): goodput arithmetic, the acceptance
+tracker, the choice under load, and that adapting K never changes a lossless method's output."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.draft_length import (
+    AcceptanceTracker,
+    GoodputDraftLength,
+    StepCosts,
+    best_draft_length,
+    expected_tokens,
+    measure_step_costs,
+)
+from relaxspec.errors import RelaxSpecError
+from relaxspec.methods import ModelSet, build_engine
+from relaxspec.serve.pool import ServingPool
+
+CPU = StepCosts((1, 8, 64, 512), (1.0, 1.2, 3.0, 24.0))  # overhead-bound small, compute-bound large
+CHEAP_DRAFT = StepCosts((1, 64), (0.05, 0.3))
+FLAT = StepCosts((1, 1024), (1.0, 1.0))  # a forward costs the same for any token count
+LINEAR = StepCosts((1, 2), (1.0, 2.0))  # cost proportional to tokens (compute-bound)
+
+
+def test_step_costs_interpolate_and_extrapolate():
+    costs = StepCosts((1, 4, 8), (1.0, 2.0, 4.0))
+    assert costs(1) == 1.0 and costs(2) == pytest.approx(4 / 3) and costs(8) == 4.0
+    assert costs(12) == pytest.approx(6.0)  # the last slope, 0.5 per token
+    for bad in [((1,), (1.0,)), ((2, 1), (1.0, 2.0)), ((1, 2), (1.0, 0.0)), ((1, 2), (1.0,))]:
+        with pytest.raises(RelaxSpecError):
+            StepCosts(*bad)
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=8))
+def test_expected_tokens_bounds(rates):
+    k = len(rates)
+    e = expected_tokens(rates, k)
+    assert 1.0 <= e <= k + 1 + 1e-9
+    assert expected_tokens(rates, 0) == 1.0
+    assert all(expected_tokens(rates, i) <= expected_tokens(rates, i + 1) + 1e-12 for i in range(k))
+
+
+def test_expected_tokens_closed_form():
+    assert expected_tokens([1.0] * 4, 4) == 5.0
+    assert expected_tokens([0.5] * 3, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_tracker_learns_conditional_rates():
+    tracker = AcceptanceTracker(k_max=4, decay=1.0, prior_weight=1e-9)
+    for _ in range(100):
+        tracker.observe(4, 2)  # positions 1, 2 accepted, 3 rejected, 4 never reached
+    rates = tracker.rates()
+    assert rates[0] == pytest.approx(1.0) and rates[1] == pytest.approx(1.0)
+    assert rates[2] == pytest.approx(0.0, abs=1e-6)
+    assert rates[3] == pytest.approx(tracker.prior)  # no data: the prior
+    tracker.observe(2, 2)  # a short draft fully accepted reaches positions 1, 2 only
+    assert tracker.rates()[2] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_tracker_follows_a_changed_workload():
+    tracker = AcceptanceTracker(k_max=1, decay=0.9)
+    for _ in range(100):
+        tracker.observe(1, 1)
+    assert tracker.rates()[0] > 0.99
+    for _ in range(60):
+        tracker.observe(1, 0)
+    assert tracker.rates()[0] < 0.01
+
+
+def test_choice_speculates_when_verifying_is_cheap_and_not_when_compute_bound():
+    high = [0.9] * 8
+    assert best_draft_length(high, 8, 1, FLAT, StepCosts((1, 2), (0.01, 0.02)))[0] == 8
+    # cost ∝ tokens and a free draft: E[tokens | K] / (K + 1) < 1 for any α < 1, so AR wins
+    k, goodput = best_draft_length(high, 8, 1, LINEAR, StepCosts((1, 2), (1e-6, 2e-6)))
+    assert k == 0 and goodput[0] == pytest.approx(1.0)
+    # the same models: fixed overhead dominates for one row, compute dominates for 64 rows
+    assert best_draft_length(high, 8, 1, CPU, CHEAP_DRAFT)[0] >= 4
+    assert best_draft_length(high, 8, 64, CPU, CHEAP_DRAFT)[0] == 0
+
+
+def test_policy_uses_rows_and_probes_while_at_ar():
+    rows = {"n": 1}
+    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=8, rows=lambda: rows["n"], probe_every=4)
+    for _ in range(20):
+        policy.observe(8, 8)
+    assert policy.choose(8) >= 4
+    assert policy.choose(2) <= 2 and policy.choose(0) == 0
+    rows["n"] = 64
+    picks = [policy.choose(8) for _ in range(8)]
+    assert picks.count(0) == 6 and all(k > 0 for k in (picks[3], picks[7]))  # every 4th probes
+    assert sum(policy.chosen.values()) == 10
+
+
+def test_measured_costs_are_positive_and_monotone(target):
+    costs = measure_step_costs(target.model, token_counts=(1, 4, 16), context=8, repeats=1)
+    assert costs.tokens == (1, 4, 16)
+    assert all(b >= a > 0 for a, b in zip(costs.seconds, costs.seconds[1:], strict=False))
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_adaptive_greedy_sd_is_token_identical_to_ar(target, draft, rows):
+    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=6, rows=lambda: rows, probe_every=3)
+    sd = build_engine("sd", target, draft, k=6)
+    sd.draft_length = policy
+    ar = build_engine("ar", target)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    for prompt in ["w1 w2", "w3", "w5 w5 w6"]:
+        result = sd.generate(prompt, params)
+        assert result.tokens == ar.generate(prompt, params).tokens
+    assert (0 in policy.chosen) == (rows == 64)
+    assert any(k > 0 for k in policy.chosen)
+
+
+def test_pool_shares_one_policy_per_method_and_reports_choices(target, draft):
+    models = ModelSet(target=target, draft=draft)
+    pool = ServingPool(models, "sd", {"k": 4}, adaptive_k=True, batching=True)
+    fixed = ServingPool(models, "sd", {"k": 4}, adaptive_k=False, batching=True)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, ignore_eos=True)
+    outputs: dict[int, list[int]] = {}
+
+    def run(i: int) -> None:
+        outputs[i] = pool.submit(f"w{i} w1", params).tokens
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [outputs[i] for i in range(4)] == [fixed.submit(f"w{i} w1", params).tokens for i in range(4)]
+    stats = pool.draft_length_stats()
+    assert list(stats) == ["sd T=0.0"] and sum(stats["sd T=0.0"].values()) > 0
+    assert fixed.draft_length_stats() == {}
+    ar_pool = ServingPool(ModelSet(target=target), "ar", adaptive_k=True)
+    ar_pool.submit("w1", params)
+    assert ar_pool.draft_length_stats() == {}  # no draft model: nothing to adapt
+
+
+def test_tracker_rejects_bad_settings():
+    for kwargs in [{"k_max": 0}, {"k_max": 2, "decay": 0.0}, {"k_max": 2, "prior": 1.5}]:
+        with pytest.raises(RelaxSpecError):
+            AcceptanceTracker(**kwargs)
+    with pytest.raises(RelaxSpecError):
+        GoodputDraftLength(FLAT, FLAT, k_max=0)
+    assert math.isfinite(expected_tokens([], 0))
