@@ -22,6 +22,7 @@ from relaxspec.eval.intervals import (
     pair_by_key,
     paired_comparison,
     wilson,
+    wilson_clustered,
 )
 from relaxspec.eval.results import COLUMNS, Cell, build_rows, markdown_table
 
@@ -103,20 +104,67 @@ def _covers(iv: Interval, truth: float) -> bool:
 
 
 @pytest.mark.slow
-def test_cluster_bootstrap_covers_where_treating_seeds_as_independent_does_not():
+def test_clustered_interval_covers_where_treating_seeds_as_independent_does_not():
     """Greedy decoding repeats a prompt's outcome under every seed: the clustered interval keeps
     its coverage, the naive one (n counted as prompts × seeds) does not."""
     rng = np.random.default_rng(11)
     prompts, seeds, p = 30, 4, 0.6
-    clustered, naive = [], []
+    clustered, boot, naive = [], [], []
     for i in range(300):
         per_prompt = rng.binomial(1, p, size=prompts).astype(float)
         values = np.repeat(per_prompt, seeds)
         labels = np.repeat(np.arange(prompts), seeds).tolist()
-        clustered.append(_covers(mean_interval(values, labels), p))
+        clustered.append(_covers(mean_interval(values, labels), p))  # Wilson at effective n
+        boot.append(_covers(bootstrap_mean(values, labels, resamples=500, seed=i), p))
         naive.append(_covers(bootstrap_mean(values, resamples=500, seed=i), p))
-    assert 0.90 <= np.mean(clustered) <= 0.99
+    assert 0.92 <= np.mean(clustered) <= 0.99
+    assert 0.88 <= np.mean(boot) <= 0.99
     assert np.mean(naive) < 0.85
+
+
+@pytest.mark.slow
+def test_clustered_wilson_coverage_with_correlated_seeds():
+    """Prompt difficulty ~ Beta(2, 2) (mean 0.5), 4 seeds per prompt drawn at that difficulty:
+    outcomes within a prompt are correlated (ICC 0.2) but not identical."""
+    rng = np.random.default_rng(13)
+    prompts, seeds = 40, 4
+    labels = np.repeat(np.arange(prompts), seeds).tolist()
+    hits, widths, naive = [], [], []
+    for _ in range(1000):
+        difficulty = rng.beta(2, 2, size=prompts)
+        values = rng.binomial(1, np.repeat(difficulty, seeds)).astype(float)
+        iv = wilson_clustered(values, labels)
+        hits.append(_covers(iv, 0.5))
+        widths.append(iv.high - iv.low)
+        naive.append(_covers(wilson(int(values.sum()), values.size), 0.5))
+    assert 0.93 <= np.mean(hits) <= 0.975, np.mean(hits)
+    assert np.mean(naive) < np.mean(hits)  # n = 160 counted as independent under-covers
+
+
+def test_clustered_wilson_edges():
+    same = wilson_clustered([0.0] * 12, [i % 4 for i in range(12)])  # nothing solved: n_eff = 4 prompts
+    assert (same.low, same.high, same.n, same.clusters, same.n_effective) == (
+        0.0,
+        wilson(0, 4).high,
+        12,
+        4,
+        4.0,
+    )
+    distinct = wilson_clustered([1, 0, 1], ["a", "b", "c"])  # no cluster holds two: plain Wilson
+    assert distinct == wilson(2, 3)
+    with pytest.raises(RelaxSpecError, match="0/1 outcomes"):
+        wilson_clustered([0.5, 1.0], ["a", "a"])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5)), min_size=1, max_size=40))
+def test_clustered_wilson_invariants(data):
+    values = [float(v) for v, _ in data]
+    labels = [c for _, c in data]
+    iv = wilson_clustered(values, labels)
+    assert 0.0 <= iv.low <= iv.estimate <= iv.high <= 1.0
+    if iv.n_effective is not None:
+        assert iv.clusters <= iv.n_effective <= iv.n
 
 
 def test_bootstrap_is_reproducible_and_degenerate_cases():
@@ -131,7 +179,8 @@ def test_bootstrap_is_reproducible_and_degenerate_cases():
     assert bootstrap_mean([1, 2, 3], clusters=["a", "b", "c"]).method == "bootstrap"  # all distinct
     assert mean_interval([1, 0, 1]).method == "wilson"
     assert mean_interval([0.5, 1.0]).method == "bootstrap"
-    assert mean_interval([1, 0, 1, 1], ["a", "a", "b", "b"]).method == "cluster bootstrap"
+    assert mean_interval([1, 0, 1, 1], ["a", "a", "b", "b"]).method == "wilson (effective n, clustered)"
+    assert mean_interval([0.5, 1, 1, 1], ["a", "a", "b", "b"]).method == "cluster bootstrap"
 
 
 @pytest.mark.parametrize(
@@ -326,7 +375,8 @@ def test_pooled_seeds_pair_by_prompt_and_seed_and_cluster_by_prompt():
     records.pop()  # nsd, seed 1, e5 missing
     pooled = {r.method: r for r in build_rows(records, combine_seeds=True)}
     ci = pooled["ar"].quality_ci
-    assert ci["method"] == "cluster bootstrap" and ci["n"] == 12 and ci["clusters"] == 6
+    assert ci["method"] == "wilson (effective n, clustered)" and ci["n"] == 12 and ci["clusters"] == 6
+    assert 6 <= ci["n_effective"] <= 12
     p = pooled["nsd"].paired["quality"]
     assert p["n_pairs"] == 11 and p["clusters"] == 6 and "cluster" in p["method"]
     per_seed = build_rows(records)

@@ -5,6 +5,9 @@ Every quality figure the benchmark, the report and ``relaxspec eval`` print goes
 - :func:`wilson` — Wilson score interval for a proportion ``k`` of ``n`` (Wilson, 1927; recommended
   over the Wald interval by Brown, Cai & DasGupta, *Interval Estimation for a Binomial Proportion*,
   Statistical Science 16(2), 2001): exact-match and pass@1 rates, agreement with greedy AR;
+- :func:`wilson_clustered` — the Wilson interval at Kish's effective sample size (Kish, *Survey
+  Sampling*, 1965; Korn & Graubard, Survey Methodology 24(2), 1998) for 0/1 outcomes grouped in
+  clusters, e.g. the seeds of one prompt;
 - :func:`bootstrap_mean` — percentile bootstrap interval for a mean (Efron & Tibshirani, *An
   Introduction to the Bootstrap*, 1993, ch. 13), optionally resampling whole clusters (all seeds
   of one prompt together; Davison & Hinkley, *Bootstrap Methods and their Application*, 1997,
@@ -49,6 +52,7 @@ class Interval:
     method: str
     confidence: float = CONFIDENCE
     clusters: int | None = None
+    n_effective: float | None = None  # wilson_clustered: the effective sample size used
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,14 +139,56 @@ def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Interval:
         raise RelaxSpecError(f"a proportion needs n >= 1 trials, got n={n}")
     if not 0 <= k <= n:
         raise RelaxSpecError(f"successes k must be in [0, n={n}], got k={k}")
+    low, high = _wilson_bounds(k / n, n, confidence)
+    return Interval(k / n, low, high, int(n), "wilson", confidence)
+
+
+def _wilson_bounds(p: float, n: float, confidence: float) -> tuple[float, float]:
+    """Wilson score bounds for an observed proportion ``p`` out of ``n`` (``n`` may be fractional:
+    an effective sample size); always inside [0, 1] and around ``p``."""
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    low = 0.0 if k == 0 else max(0.0, min(p, centre - half))
-    high = 1.0 if k == n else min(1.0, max(p, centre + half))
-    return Interval(p, low, high, int(n), "wilson", confidence)
+    half = z / denom * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n))
+    low = 0.0 if p <= 0 else max(0.0, min(p, centre - half))
+    high = 1.0 if p >= 1 else min(1.0, max(p, centre + half))
+    return low, high
+
+
+def wilson_clustered(
+    values: Sequence[float] | np.ndarray, clusters: Sequence[Hashable], confidence: float = CONFIDENCE
+) -> Interval:
+    """Wilson interval for 0/1 outcomes grouped in clusters (e.g. all seeds of one prompt).
+
+    Outcomes of one cluster are correlated (greedy decoding repeats a prompt's outcome under every
+    seed), so counting them as independent overstates the evidence. The effective sample size
+    ``n_eff = p(1−p) / v`` (Kish's design effect, 1965), with ``v`` the cluster-robust
+    (linearisation) variance of the ratio mean ``p = Σ s_i / Σ c_i`` over ``m`` clusters,
+    ``v = m/(m−1) · Σ (s_i − p c_i)² / N²``, replaces ``n`` in the Wilson formula (Korn &
+    Graubard, 1998, do the same for Clopper–Pearson). ``n_eff`` is kept within [m, N]: at worst one
+    observation per cluster, at best all N; where ``p`` is 0 or 1 the correlation cannot be
+    estimated and ``n_eff = m`` (the conservative end).
+    """
+    _check_confidence(confidence)
+    x = _values(values)
+    if not is_binary(x):
+        raise RelaxSpecError("wilson_clustered needs 0/1 outcomes")
+    index = _cluster_index(clusters, x.size)
+    n = int(x.size)
+    if index is None:
+        return wilson(int(x.sum()), n, confidence)
+    m = int(index.max()) + 1
+    sums = np.bincount(index, weights=x, minlength=m)
+    counts = np.bincount(index, minlength=m).astype(float)
+    p = float(x.mean())
+    if 0 < p < 1:
+        v = m / (m - 1) * float(np.sum((sums - p * counts) ** 2)) / n**2 if m > 1 else 0.0
+        n_eff = p * (1 - p) / v if v > 0 else float(n)
+    else:
+        n_eff = float(m)
+    n_eff = min(max(n_eff, float(m)), float(n))
+    low, high = _wilson_bounds(p, n_eff, confidence)
+    return Interval(p, low, high, n, "wilson (effective n, clustered)", confidence, m, n_eff)
 
 
 def _percentile(draws: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -211,11 +257,14 @@ def mean_interval(
     clusters: Sequence[Hashable] | None = None,
     confidence: float = CONFIDENCE,
 ) -> Interval:
-    """The interval the tables show for a mean: :func:`wilson` for independent 0/1 outcomes,
-    :func:`bootstrap_mean` (by cluster where a cluster holds several outcomes) otherwise."""
+    """The interval the tables show for a mean: for 0/1 outcomes :func:`wilson`, or
+    :func:`wilson_clustered` where a cluster holds several outcomes; :func:`bootstrap_mean` (by
+    cluster where a cluster holds several outcomes) for other values."""
     x = _values(values)
-    if _cluster_index(clusters, x.size) is None and is_binary(x):
-        return wilson(int(x.sum()), int(x.size), confidence)
+    if is_binary(x):
+        if _cluster_index(clusters, x.size) is None:
+            return wilson(int(x.sum()), int(x.size), confidence)
+        return wilson_clustered(x, clusters or [], confidence)
     return bootstrap_mean(x, clusters, confidence)
 
 

@@ -416,8 +416,9 @@ def reproduce(
 QUALITY_REPORTING = (
     "**How quality is reported.** Every quality figure (math exact match, pass@1, agreement with "
     "greedy AR) is shown as `mean [95 % interval]` with its n: a Wilson score interval for a "
-    "proportion over distinct prompts; a percentile bootstrap resampling whole prompts when seeds "
-    "are pooled (a prompt's seeds are not independent evidence). Each row is also compared with the "
+    "proportion; with seeds pooled, the Wilson interval at the effective sample size of prompts × "
+    "seeds clustered by prompt (a prompt's seeds are not independent evidence; a percentile "
+    "bootstrap over prompts for non-binary figures). Each row is also compared with the "
     "`ar` row (else `sd`) of the same run on the same prompts and seeds, matched by (dataset, "
     "example, seed): Δ is the paired difference with its paired-bootstrap 95 % interval, p the exact "
     "McNemar test on the discordant pairs (0/1 scores), n the number of pairs. A Δ interval that "

@@ -305,7 +305,8 @@ def _clusters(keys: Iterable[Outcome]) -> list[tuple[str, str]]:
 
 def figure_interval(outcomes: dict[Outcome, float]) -> dict[str, Any] | None:
     """95 % interval of one figure's mean over its outcomes (:func:`intervals.mean_interval`:
-    Wilson for 0/1 outcomes on distinct prompts, else a bootstrap clustered by prompt)."""
+    Wilson for 0/1 outcomes — at the effective sample size where a prompt has several seeds —
+    else a percentile bootstrap, clustered by prompt)."""
     if not outcomes:
         return None
     return intervals.mean_interval(list(outcomes.values()), _clusters(outcomes)).to_dict()
@@ -629,10 +630,10 @@ COLUMNS = [
 ]
 
 QUALITY_NOTE = (
-    "quality and = AR: mean [95 % interval] (Wilson for a proportion; bootstrap clustered by prompt "
-    "when seeds are pooled). Δ quality: paired difference from the ar row (else sd, named) on the "
-    "same prompts and seeds, with its paired-bootstrap 95 % interval and the exact McNemar p for "
-    "0/1 scores; n: pairs, where fewer than the row's n."
+    "quality and = AR: mean [95 % interval] (Wilson for a proportion; with seeds pooled, at the "
+    "effective n of prompts × seeds clustered by prompt). Δ quality: paired difference from the "
+    "ar row (else sd, named) on the same prompts and seeds, with its paired-bootstrap 95 % "
+    "interval and the exact McNemar p for 0/1 scores; n: pairs, where fewer than the row's n."
 )
 
 
