@@ -17,15 +17,29 @@ Prompts end with ``"\\nAnswer:"``; the model continues with the solution lines. 
 families (an inventory that changes, a shopping bill with change, work at a rate, people compared
 to one another, batches packed into boxes) with varied names, objects, units and verbs keep a small
 model from memorising one template, so accuracy depends on model size.
+
+The **broadened generator** (:func:`generate_family_problem`, issue 15) keeps that format and adds
+1–6 steps, 20 more story families (:data:`MATH_FAMILIES`: a diary of changes, savings, recipes,
+travel legs, a garden, classrooms, reading, wages, sports scores, a fundraiser, a party, notes and
+coins, sharing, a car park, and the held-out bus, legs, orchard, tank, ages and timing), more
+names, objects, verbs, distractors and question forms. Its splits: training families on training
+seeds (:func:`train_family_problems`), held-out seeds of the same families
+(:func:`eval_family_seed_problems`; a question is held out by its hash, so the two can never
+share a question), and held-out phrasing families never generated for training
+(:func:`heldout_family_problems`). ``generate_problem`` and the seed ranges above are unchanged:
+the original problems stay byte-identical (tests/test_mathgen_families.py pins them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from relaxspec.errors import RelaxSpecError
 
 MAX_VALUE = 999  # every number in a problem, given or computed, has at most three digits
 
@@ -151,6 +165,7 @@ class MathProblem:
     solution: str  # step lines then "#### <answer>"
     answer: int
     steps: int
+    family: str = ""  # the story family that generated it
 
     @property
     def prompt(self) -> str:
@@ -401,7 +416,8 @@ def generate_problem(seed: int) -> MathProblem:
             )
         answer = int(steps.lines[-1].rsplit("= ", 1)[1])
         solution = "\n".join([*steps.lines, f"#### {answer}"])
-        return MathProblem(seed, " ".join([*sentences, question]), solution, answer, len(steps.lines))
+        question = " ".join([*sentences, question])
+        return MathProblem(seed, question, solution, answer, len(steps.lines), family.__name__[1:])
     raise RuntimeError(f"could not generate a math problem for seed {seed}")  # pragma: no cover
 
 
@@ -415,3 +431,833 @@ def train_problems(n: int, start: int = 0) -> list[MathProblem]:
 def eval_problems(n: int) -> list[MathProblem]:
     """The held-out evaluation set: the first ``n`` seeds of the evaluation range."""
     return [generate_problem(EVAL_SEED_START + i) for i in range(n)]
+
+
+# =============================================================================================
+# The broadened generator (issue 15): 1–6 steps, more story families, names, objects, verbs and
+# question forms, split into training and held-out families. It draws from its own functions so
+# that the original generator above (``generate_problem`` and the five families) stays
+# byte-identical: figures in the docs were measured on it.
+
+MIN_STEPS, MAX_STEPS = 1, 6
+HELDOUT_QUESTION_BUCKETS = 20  # broadened generator: one question in twenty is a held-out seed
+
+MORE_NAMES = [
+    "Adam", "Bea", "Carlos", "Dana", "Emeka", "Fatima", "Gus", "Hiro", "Isla", "Jin", "Kemal",
+    "Lara", "Milo", "Nadia", "Oscar", "Paula", "Quinn", "Rhea", "Sven", "Tara", "Ugo", "Vera",
+    "Will", "Xena", "Yara", "Zeke",
+]  # fmt: skip
+ALL_NAMES = NAMES + MORE_NAMES
+
+# (singular, plural): the original items plus new ones
+OBJECTS = [(s, p) for s, p, _, _ in ITEMS] + [
+    ("balloon", "balloons"), ("button", "buttons"), ("crayon", "crayons"), ("cupcake", "cupcakes"),
+    ("feather", "feathers"), ("pebble", "pebbles"), ("muffin", "muffins"), ("comic", "comics"),
+    ("ribbon", "ribbons"), ("orange", "oranges"), ("toy car", "toy cars"), ("postcard", "postcards"),
+    ("paper clip", "paper clips"), ("sock", "socks"), ("acorn", "acorns"), ("magnet", "magnets"),
+]  # fmt: skip
+MORE_GAIN_VERBS = [*GAIN_VERBS, "wins", "buys", "gathers", "is handed", "earns"]
+MORE_LOSS_VERBS = [*LOSS_VERBS, "eats", "breaks", "misplaces", "hands out", "throws away"]
+ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh"]
+MORE_DISTRACTORS = [
+    *DISTRACTORS,
+    "{other} painted the fence {n} days ago.",
+    "The library has {n} tables.",
+    "{other} lives {n} kilometers away.",
+    "A film lasts {n} minutes.",
+]
+
+Story = tuple[list[str], _Steps, str]
+
+
+def _pick_question(rng: random.Random, *forms: str) -> str:
+    return rng.choice(forms)
+
+
+def _diary(rng: random.Random, n_steps: int) -> Story:
+    """A week of changes to one collection, one day per step."""
+    name = rng.choice(ALL_NAMES)
+    _obj, objs = rng.choice(OBJECTS)
+    cap = objs.capitalize()
+    steps = _Steps()
+    value = rng.randint(5, 300)
+    start = rng.randint(0, 7 - min(n_steps, 7))
+    days = DAYS[start : start + n_steps]
+    sentences = [f"{name} starts the week with {value} {objs}."]
+    for day in days:
+        kind = rng.choice(["gain", "gain", "loss", "loss", "double"])
+        if kind == "gain":
+            n = rng.randint(2, 200)
+            sentences.append(f"On {day}, {name} {rng.choice(MORE_GAIN_VERBS)} {n} {objs}.")
+            value = steps.add(f"{cap} after {day}", value, "+", n)
+        elif kind == "loss":
+            n = rng.randint(1, max(1, value - 1))
+            sentences.append(f"On {day}, {name} {rng.choice(MORE_LOSS_VERBS)} {n} of them.")
+            value = steps.add(f"{cap} after {day}", value, "-", n)
+        else:
+            sentences.append(f"On {day}, the number of {objs} doubles.")
+            value = steps.add(f"{cap} after {day}", value, "*", 2)
+    question = _pick_question(
+        rng,
+        f"How many {objs} does {name} have at the end of {days[-1]}?",
+        f"How many {objs} does {name} have after {days[-1]}?",
+        f"What is the number of {objs} {name} has at the end of {days[-1]}?",
+    )
+    return sentences, steps, question
+
+
+def _bus(rng: random.Random, n_steps: int) -> Story:
+    """Passengers get on and off at stops, one stop per step (held out)."""
+    vehicle = rng.choice(["bus", "train", "tram", "ferry"])
+    steps = _Steps()
+    value = rng.randint(5, 120)
+    sentences = [f"A {vehicle} leaves the station with {value} passengers."]
+    for i in range(n_steps):
+        stop = ORDINALS[i]
+        if rng.random() < 0.5:
+            n = rng.randint(1, 60)
+            verb = rng.choice(["get on", "board", "climb aboard"])
+            sentences.append(f"At the {stop} stop, {n} people {verb}.")
+            value = steps.add(f"Passengers after stop {i + 1}", value, "+", n)
+        else:
+            n = rng.randint(1, max(1, value - 1))
+            verb = rng.choice(["get off", "leave", "step off"])
+            sentences.append(f"At the {stop} stop, {n} people {verb}.")
+            value = steps.add(f"Passengers after stop {i + 1}", value, "-", n)
+    question = _pick_question(
+        rng,
+        f"How many passengers are on the {vehicle} after the {ORDINALS[n_steps - 1]} stop?",
+        f"How many people are riding the {vehicle} now?",
+        f"How many passengers does the {vehicle} carry when it leaves the {ORDINALS[n_steps - 1]} stop?",
+    )
+    return sentences, steps, question
+
+
+def _savings(rng: random.Random, n_steps: int) -> Story:
+    """Save a fixed amount each week, then gifts, purchases and a split (one step each)."""
+    name = rng.choice(ALL_NAMES)
+    currency = rng.choice(CURRENCIES)
+    steps = _Steps()
+    weekly, weeks = rng.randint(2, 40), rng.randint(2, 12)
+    sentences = [f"{name} saves {weekly} {currency} every week for {weeks} weeks."]
+    value = steps.add("Money saved", weekly, "*", weeks)
+    question = f"How many {currency} does {name} save?"
+    for i in range(n_steps - 1):
+        last = i == n_steps - 2
+        kind = rng.choice(["gift", "spend", "spend"] + (["split"] if last else []))
+        if kind == "gift":
+            n = rng.randint(5, 150)
+            giver = rng.choice(["grandmother", "uncle", "aunt", "neighbour", "older sister"])
+            sentences.append(f"{name}'s {giver} adds {n} {currency}.")
+            value = steps.add("Money after the gift", value, "+", n)
+        elif kind == "spend":
+            n = rng.randint(1, max(1, value - 1))
+            thing = rng.choice(
+                ["a game", "a jacket", "a book", "a present", "a bike lock", "concert tickets"]
+            )
+            sentences.append(f"Then {name} spends {n} {currency} on {thing}.")
+            value = steps.add("Money left", value, "-", n)
+        else:
+            divisors = _divisors(value)
+            if not divisors:
+                raise _Retry
+            k = rng.choice(divisors)
+            sentences.append(f"{name} splits the money equally into {k} envelopes.")
+            value = steps.add("Money per envelope", value, "/", k)
+            return sentences, steps, f"How many {currency} go into each envelope?"
+        question = _pick_question(
+            rng,
+            f"How many {currency} does {name} have now?",
+            f"How much money, in {currency}, does {name} have left?",
+        )
+    return sentences, steps, question
+
+
+def _recipe(rng: random.Random, n_steps: int) -> Story:
+    """Scale a recipe by batches; then what is already there, extras and packs."""
+    name = rng.choice(ALL_NAMES)
+    food = rng.choice(["pancakes", "cookies", "muffins", "bread rolls", "waffles", "scones"])
+    unit, ingredient = rng.choice(
+        [
+            ("eggs", "eggs"),
+            ("cups of flour", "flour"),
+            ("spoons of sugar", "sugar"),
+            ("grams of butter", "butter"),
+        ]
+    )
+    steps = _Steps()
+    per, batches = rng.randint(2, 30), rng.randint(2, 9)
+    sentences = [f"One batch of {food} needs {per} {unit}.", f"{name} wants to make {batches} batches."]
+    value = steps.add(f"{unit.capitalize()} needed", per, "*", batches)
+    question = f"How many {unit} does {name} need?"
+    for i in range(n_steps - 1):
+        last = i == n_steps - 2
+        kind = rng.choice(["extra", "extra"] + (["have", "packs"] if last else []))
+        if kind == "extra":
+            n = rng.randint(1, 40)
+            dish = rng.choice(["a cake", "a pie", "a sauce", "some biscuits"])
+            sentences.append(f"{name} also needs {n} {unit} for {dish}.")
+            value = steps.add(f"{unit.capitalize()} needed in total", value, "+", n)
+            question = f"How many {unit} does {name} need altogether?"
+        elif kind == "have":
+            n = rng.randint(1, max(1, value - 1))
+            sentences.append(f"{name} already has {n} {unit} at home.")
+            value = steps.add(f"{unit.capitalize()} still to buy", value, "-", n)
+            question = f"How many more {unit} must {name} buy?"
+        else:
+            divisors = _divisors(value, 2, 12)
+            if not divisors:
+                raise _Retry
+            k = rng.choice(divisors)
+            sentences.append(f"The {ingredient} comes in packs of {k} {unit}.")
+            value = steps.add("Packs needed", value, "/", k)
+            question = f"How many packs of {ingredient} does {name} need?"
+    return sentences, steps, question
+
+
+def _travel(rng: random.Random, n_steps: int) -> Story:
+    """Legs at a speed for some hours (one product each), their sum, and the distance left."""
+    name = rng.choice(ALL_NAMES)
+    vehicle = rng.choice(["car", "bike", "boat", "van", "scooter"])
+    unit = rng.choice(["kilometers", "miles"])
+    legs = (n_steps + 1) // 2
+    left = n_steps % 2 == 0
+    steps = _Steps()
+    sentences, dists = [], []
+    for i in range(legs):
+        speed, hours = rng.randint(5, 90), rng.randint(1, 6)
+        then = "" if i == 0 else "Then "
+        who = f"{name} rides a {vehicle}" if i == 0 else f"{name}"
+        sentences.append(f"{then}{who} at {speed} {unit} per hour for {hours} hours.")
+        dists.append(steps.add(f"Distance of leg {i + 1}", speed, "*", hours))
+    total = dists[0]
+    for d in dists[1:]:
+        total = steps.add("Distance so far", total, "+", d)
+    question = _pick_question(
+        rng, f"How many {unit} does {name} travel?", f"How far, in {unit}, does {name} go in total?"
+    )
+    if left:
+        trip = rng.randint(total + 1, min(MAX_VALUE, total + 400)) if total < MAX_VALUE else None
+        if trip is None:
+            raise _Retry
+        sentences.insert(0, f"{name} plans a trip of {trip} {unit}.")
+        steps.add(f"{unit.capitalize()} still to go", trip, "-", total)
+        question = f"How many {unit} of the trip are left?"
+    return sentences, steps, question
+
+
+def _garden(rng: random.Random, n_steps: int) -> Story:
+    """Rows of plants, losses, a harvest per plant, gifts, baskets."""
+    name = rng.choice(ALL_NAMES)
+    plant, crop = rng.choice(
+        [("tomato plants", "tomatoes"), ("bean plants", "beans"), ("pepper plants", "peppers"),
+         ("strawberry plants", "strawberries"), ("pumpkin vines", "pumpkins")]
+    )  # fmt: skip
+    steps = _Steps()
+    rows, per = rng.randint(2, 12), rng.randint(2, 20)
+    sentences = [f"{name} plants {rows} rows of {plant} with {per} in each row."]
+    value = steps.add(f"{plant.capitalize()} planted", rows, "*", per)
+    question = f"How many {plant} does {name} plant?"
+    rest = n_steps - 1
+    harvest = rest >= 1 and rng.random() < 0.7
+    basket = harvest and rest >= 2 and rng.random() < 0.5
+    others = rest - harvest - basket
+    before = rng.randint(0, others) if harvest else others
+    for i in range(before):
+        n = rng.randint(2, max(2, value // 3))
+        if i == 0:
+            sentences.append(f"{n} of the {plant} do not survive.")
+        else:
+            sentences.append(f"Later, {n} more of them dry out.")
+        value = steps.add(f"{plant.capitalize()} left", value, "-", n)
+        question = f"How many {plant} are left?"
+    if harvest:
+        k = rng.randint(2, 9)
+        sentences.append(f"Each of the {plant} gives {k} {crop}.")
+        value = steps.add(f"{crop.capitalize()} picked", value, "*", k)
+        question = f"How many {crop} does {name} pick?"
+        for _ in range(others - before):
+            n = rng.randint(1, max(1, value - 1))
+            who = rng.choice(["the neighbours", "a friend", "the school kitchen", "the food bank"])
+            sentences.append(f"{name} gives {n} {crop} to {who}.")
+            value = steps.add(f"{crop.capitalize()} kept", value, "-", n)
+            question = f"How many {crop} does {name} keep?"
+    if basket:
+        divisors = _divisors(value, 2, 12)
+        if not divisors:
+            raise _Retry
+        k = rng.choice(divisors)
+        sentences.append(f"The {crop} are packed {k} to a basket.")
+        steps.add("Baskets filled", value, "/", k)
+        question = "How many baskets are filled?"
+    return sentences, steps, question
+
+
+def _classroom(rng: random.Random, n_steps: int) -> Story:
+    """Groups of children, absences and newcomers, teams, equipment per team."""
+    place = rng.choice(["A school", "A summer camp", "A sports club", "A music academy"])
+    steps = _Steps()
+    groups, per = rng.randint(2, 9), rng.randint(10, 32)
+    sentences = [f"{place} has {groups} groups with {per} children in each group."]
+    value = steps.add("Children in total", groups, "*", per)
+    question = "How many children are there?"
+    rest = n_steps - 1
+    teams = rest >= 1 and rng.random() < 0.6
+    items = teams and rest >= 2 and rng.random() < 0.6
+    for _ in range(rest - teams - items):
+        if rng.random() < 0.5:
+            n = rng.randint(1, max(1, value // 4))
+            sentences.append(f"On the day of the trip, {n} children are ill and stay home.")
+            value = steps.add("Children present", value, "-", n)
+            question = "How many children go on the trip?"
+        else:
+            n = rng.randint(1, 30)
+            sentences.append(f"Then {n} new children join.")
+            value = steps.add("Children now", value, "+", n)
+            question = "How many children are there now?"
+    if teams:
+        divisors = _divisors(value, 2, 12)
+        if not divisors:
+            raise _Retry
+        k = rng.choice(divisors)
+        sentences.append(f"The children form teams of {k}.")
+        value = steps.add("Teams", value, "/", k)
+        question = "How many teams are there?"
+    if items:
+        k = rng.randint(2, 6)
+        thing = rng.choice(["balls", "maps", "whistles", "ropes"])
+        sentences.append(f"Each team gets {k} {thing}.")
+        steps.add(f"{thing.capitalize()} needed", value, "*", k)
+        question = f"How many {thing} are needed?"
+    return sentences, steps, question
+
+
+def _reading(rng: random.Random, n_steps: int) -> Story:
+    """Pages read on several days, then the pages still to read."""
+    name = rng.choice(ALL_NAMES)
+    book = rng.choice(["book", "novel", "comic album", "science book", "diary of a sailor"])
+    steps = _Steps()
+    days = DAYS[:n_steps]
+    amounts = [rng.randint(5, 80) for _ in days]
+    pages = rng.randint(sum(amounts) + 1, min(MAX_VALUE, sum(amounts) + 300))
+    sentences = [f"{name}'s {book} has {pages} pages."]
+    for day, n in zip(days, amounts, strict=True):
+        sentences.append(f"On {day}, {name} reads {n} pages.")
+    total = amounts[0]
+    for day, n in zip(days[1:], amounts[1:], strict=True):
+        total = steps.add(f"Pages read by {day}", total, "+", n)
+    steps.add("Pages left", pages, "-", total)
+    question = _pick_question(
+        rng,
+        f"How many pages does {name} still have to read?",
+        f"How many pages of the {book} are left?",
+        f"How many pages remain after {days[-1]}?",
+    )
+    return sentences, steps, question
+
+
+def _wages(rng: random.Random, n_steps: int) -> Story:
+    """Pay per hour times hours, a bonus, spending, a second job."""
+    name = rng.choice(ALL_NAMES)
+    currency = rng.choice(CURRENCIES)
+    job = rng.choice(["at a cafe", "in a bookshop", "as a dog walker", "at the market", "in a garden"])
+    steps = _Steps()
+    rate, hours = rng.randint(3, 25), rng.randint(2, 30)
+    sentences = [f"{name} works {job} for {hours} hours and earns {rate} {currency} an hour."]
+    value = steps.add("Pay", rate, "*", hours)
+    question = f"How many {currency} does {name} earn?"
+    remaining = n_steps - 1
+    while remaining:
+        kind = rng.choice(["bonus", "spend"] + (["second job"] if remaining >= 2 else []))
+        if kind == "bonus":
+            n = rng.randint(5, 100)
+            sentences.append(f"{name} also gets a bonus of {n} {currency}.")
+            value = steps.add("Pay with bonus", value, "+", n)
+            question = f"How many {currency} does {name} get in total?"
+            remaining -= 1
+        elif kind == "spend":
+            n = rng.randint(1, max(1, value - 1))
+            sentences.append(f"{name} spends {n} {currency} on lunch and bus fares.")
+            value = steps.add("Money left", value, "-", n)
+            question = f"How many {currency} does {name} have left?"
+            remaining -= 1
+        else:
+            r2, h2 = rng.randint(3, 25), rng.randint(1, 10)
+            sentences.append(f"On the weekend {name} babysits for {h2} hours at {r2} {currency} an hour.")
+            extra = steps.add("Babysitting pay", r2, "*", h2)
+            value = steps.add("Money now", value, "+", extra)
+            question = f"How many {currency} does {name} have now?"
+            remaining -= 2
+    return sentences, steps, question
+
+
+def _sports(rng: random.Random, n_steps: int) -> Story:
+    """Points from several kinds of scores; sometimes the margin over the other team."""
+    team = rng.choice(["The Tigers", "The Hawks", "Our team", "The home side", "The Comets"])
+    scores = rng.sample(
+        [("goals", 3), ("tries", 5), ("free throws", 1), ("baskets", 2), ("penalties", 2), ("home runs", 4)],
+        k=min(3, (n_steps + 1) // 2),
+    )
+    margin = (n_steps + 1) // 2 * 2 - 1 < n_steps
+    steps = _Steps()
+    parts, points = [], []
+    for kind, worth in scores:
+        n = rng.randint(1, 15)
+        worth = rng.randint(1, 7) if rng.random() < 0.3 else worth
+        parts.append(f"{n} {kind} worth {worth} points each")
+        points.append(steps.add(f"Points from {kind}", n, "*", worth))
+    sentences = [
+        f"{team} score " + ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] + "."
+    ]
+    total = points[0]
+    for p in points[1:]:
+        total = steps.add("Points so far", total, "+", p)
+    question = _pick_question(
+        rng, f"How many points do {team.lower()} score?", f"What is the final score of {team.lower()}?"
+    )
+    if margin:
+        other = rng.randint(1, max(1, total - 1))
+        sentences.append(f"The other team scores {other} points.")
+        steps.add("Winning margin", total, "-", other)
+        question = f"By how many points do {team.lower()} win?"
+    return sentences, steps, question
+
+
+def _fundraiser(rng: random.Random, n_steps: int) -> Story:
+    """Tickets times price, donations, costs, shares for charities."""
+    club = rng.choice(["The chess club", "A choir", "The school band", "A football team", "The drama club"])
+    currency = rng.choice(CURRENCIES)
+    event = rng.choice(["a bake sale", "a concert", "a raffle", "a quiz night", "a car wash"])
+    steps = _Steps()
+    tickets, price = rng.randint(5, 90), rng.randint(2, 12)
+    sentences = [f"{club} holds {event} and sells {tickets} tickets at {price} {currency} each."]
+    value = steps.add("Ticket money", tickets, "*", price)
+    question = f"How many {currency} does {club.lower()} raise?"
+    for i in range(n_steps - 1):
+        last = i == n_steps - 2
+        kind = rng.choice(["donation", "cost"] + (["share"] if last else []))
+        if kind == "donation":
+            n = rng.randint(5, 150)
+            sentences.append(f"A local shop donates {n} {currency}.")
+            value = steps.add("Money raised", value, "+", n)
+            question = f"How many {currency} does {club.lower()} have in total?"
+        elif kind == "cost":
+            n = rng.randint(1, max(1, value - 1))
+            sentences.append(
+                f"The {rng.choice(['posters', 'decorations', 'prizes', 'hall'])} cost {n} {currency}."
+            )
+            value = steps.add("Money after costs", value, "-", n)
+            question = f"How many {currency} are left after the costs?"
+        else:
+            divisors = _divisors(value)
+            if not divisors:
+                raise _Retry
+            k = rng.choice(divisors)
+            sentences.append(f"The money is shared equally between {k} charities.")
+            value = steps.add("Money per charity", value, "/", k)
+            question = f"How many {currency} does each charity get?"
+    return sentences, steps, question
+
+
+def _party(rng: random.Random, n_steps: int) -> Story:
+    """Guests times items per guest, spares, packs, and the price of the packs."""
+    name = rng.choice(ALL_NAMES)
+    _obj, objs = rng.choice(OBJECTS)
+    currency = rng.choice(CURRENCIES)
+    steps = _Steps()
+    guests, per = rng.randint(3, 30), rng.randint(2, 8)
+    sentences = [f"{name} invites {guests} guests to a party and wants to give each guest {per} {objs}."]
+    value = steps.add(f"{objs.capitalize()} for the guests", guests, "*", per)
+    question = f"How many {objs} does {name} need?"
+    rest = n_steps - 1
+    packs = rest >= 1 and rng.random() < 0.6
+    price = packs and rest >= 2 and rng.random() < 0.6
+    for i in range(rest - packs - price):
+        n = rng.randint(1, 20)
+        why = ["as spares", "for the neighbours", "for the party games", "for the hosts"][i % 4]
+        sentences.append(f"{name} wants {n} more {objs} {why}.")
+        value = steps.add(f"{objs.capitalize()} needed", value, "+", n)
+        question = f"How many {objs} does {name} need in total?"
+    if packs:
+        divisors = _divisors(value, 2, 12)
+        if not divisors:
+            raise _Retry
+        k = rng.choice(divisors)
+        sentences.append(f"The {objs} are sold in packs of {k}.")
+        value = steps.add("Packs to buy", value, "/", k)
+        question = f"How many packs of {objs} does {name} buy?"
+    if price:
+        cost = rng.randint(2, 15)
+        sentences.append(f"Each pack costs {cost} {currency}.")
+        steps.add("Cost of the packs", value, "*", cost)
+        question = f"How many {currency} does {name} pay for the {objs}?"
+    return sentences, steps, question
+
+
+ANIMALS = [
+    ("cows", 4), ("chickens", 2), ("spiders", 8), ("ducks", 2), ("horses", 4), ("goats", 4),
+    ("ants", 6), ("geese", 2), ("beetles", 6), ("sheep", 4), ("crabs", 10), ("pigs", 4),
+]  # fmt: skip
+
+
+def _legs(rng: random.Random, n_steps: int) -> Story:
+    """Counting legs of several kinds of animals (held out)."""
+    place = rng.choice(["On a farm", "In a zoo", "At a petting park", "In a field"])
+    species = rng.sample(ANIMALS, k=min(3, (n_steps + 1) // 2))
+    steps = _Steps()
+    counts = [rng.randint(2, 40) for _ in species]
+    listed = [f"{n} {a}" for n, (a, _) in zip(counts, species, strict=True)]
+    sentences = [
+        f"{place} there are "
+        + ", ".join(listed[:-1])
+        + (" and " if len(listed) > 1 else "")
+        + listed[-1]
+        + "."
+    ]
+    if n_steps % 2 == 0:
+        extra = rng.randint(1, 20)
+        sentences.append(f"Then {extra} more {species[0][0]} arrive.")
+        counts[0] = steps.add(f"{species[0][0].capitalize()} now", counts[0], "+", extra)
+    legs = [steps.add(f"Legs of the {a}", n, "*", k) for n, (a, k) in zip(counts, species, strict=True)]
+    total = legs[0]
+    for n in legs[1:]:
+        total = steps.add("Legs so far", total, "+", n)
+    question = _pick_question(
+        rng, "How many legs do the animals have in total?", "How many animal legs are there altogether?"
+    )
+    return sentences, steps, question
+
+
+def _coins(rng: random.Random, n_steps: int) -> Story:
+    """Notes of several values, their total, and a purchase."""
+    name = rng.choice(ALL_NAMES)
+    currency = rng.choice(["dollar", "euro", "pound"])
+    kinds = rng.sample([2, 5, 10, 20, 50], k=min(3, (n_steps + 1) // 2))
+    spend = (n_steps + 1) // 2 * 2 - 1 < n_steps
+    steps = _Steps()
+    parts, values = [], []
+    for v in kinds:
+        n = rng.randint(2, 12)
+        parts.append(f"{n} {v}-{currency} notes")
+        values.append(steps.add(f"Value of the {v}-{currency} notes", n, "*", v))
+    sentences = [
+        f"{name} has " + ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] + "."
+    ]
+    total = values[0]
+    for v in values[1:]:
+        total = steps.add("Money so far", total, "+", v)
+    question = f"How many {currency}s does {name} have?"
+    if spend:
+        n = rng.randint(1, max(1, total - 1))
+        sentences.append(
+            f"{name} buys a {rng.choice(['kite', 'watch', 'backpack', 'lamp'])} for {n} {currency}s."
+        )
+        steps.add("Money left", total, "-", n)
+        question = f"How many {currency}s does {name} have left?"
+    return sentences, steps, question
+
+
+def _orchard(rng: random.Random, n_steps: int) -> Story:
+    """Trees times fruit per tree, bad fruit, bags, the price of the bags (held out)."""
+    fruit = rng.choice(["apples", "pears", "plums", "peaches", "lemons", "cherries"])
+    farmer = rng.choice(ALL_NAMES)
+    currency = rng.choice(CURRENCIES)
+    steps = _Steps()
+    trees, per = rng.randint(2, 15), rng.randint(3, 40)
+    sentences = [f"{farmer}'s orchard has {trees} trees, and each tree gives {per} {fruit}."]
+    value = steps.add(f"{fruit.capitalize()} picked", trees, "*", per)
+    question = f"How many {fruit} does {farmer} pick?"
+    rest = n_steps - 1
+    bags = rest >= 1 and rng.random() < 0.7
+    price = bags and rest >= 2 and rng.random() < 0.6
+    kept = rng.randint(0, rest - bags - price) if bags else 0
+    for _ in range(rest - bags - price - kept):
+        if rng.random() < 0.5:
+            n = rng.randint(1, max(1, value // 4))
+            sentences.append(f"{n} of the {fruit} are bruised and thrown away.")
+            value = steps.add(f"Good {fruit}", value, "-", n)
+            question = f"How many good {fruit} are left?"
+        else:
+            n = rng.randint(2, 90)
+            sentences.append(f"A neighbour brings another {n} {fruit}.")
+            value = steps.add(f"{fruit.capitalize()} in total", value, "+", n)
+            question = f"How many {fruit} does {farmer} have?"
+    if bags:
+        divisors = _divisors(value, 2, 12)
+        if not divisors:
+            raise _Retry
+        k = rng.choice(divisors)
+        sentences.append(f"{farmer} puts the {fruit} into bags of {k}.")
+        value = steps.add("Bags", value, "/", k)
+        question = f"How many bags of {fruit} are there?"
+    for _ in range(kept):
+        n = rng.randint(1, max(1, value - 1))
+        sentences.append(f"{farmer} keeps {n} of the bags for the family.")
+        value = steps.add("Bags to sell", value, "-", n)
+        question = "How many bags are left to sell?"
+    if price:
+        cost = rng.randint(2, 12)
+        sentences.append(f"Each bag sells for {cost} {currency}.")
+        steps.add("Money from the bags", value, "*", cost)
+        question = f"How many {currency} does {farmer} get?"
+    return sentences, steps, question
+
+
+def _tank(rng: random.Random, n_steps: int) -> Story:
+    """A tank used up day by day, refilled, shared out (held out)."""
+    what, unit = rng.choice([("water tank", "liters"), ("fuel tank", "liters"), ("rain barrel", "liters"),
+                              ("milk churn", "liters"), ("grain silo", "sacks")])  # fmt: skip
+    steps = _Steps()
+    cap = rng.randint(100, 900)
+    sentences = [f"A {what} holds {cap} {unit} when it is full."]
+    value = cap
+    used = rng.randint(2, 40)
+    days = rng.randint(2, 9)
+    question = f"How many {unit} are left in the {what}?"
+    if n_steps >= 2:
+        sentences.append(f"Every day {used} {unit} are taken out, for {days} days.")
+        total = steps.add(f"{unit.capitalize()} taken out", used, "*", days)
+        value = steps.add(f"{unit.capitalize()} left", value, "-", total)
+    for _ in range(n_steps - len(steps.lines)):
+        if rng.random() < 0.5:
+            n = rng.randint(1, max(1, value - 1))
+            sentences.append(f"Then {n} {unit} leak out.")
+            value = steps.add(f"{unit.capitalize()} left", value, "-", n)
+        else:
+            n = rng.randint(1, 200)
+            sentences.append(f"Then {n} {unit} are poured in.")
+            value = steps.add(f"{unit.capitalize()} now", value, "+", n)
+    if value > cap:
+        raise _Retry
+    return sentences, steps, question
+
+
+def _ages(rng: random.Random, n_steps: int) -> Story:
+    """Ages defined relative to each other, some years later (held out)."""
+    people = rng.sample(ALL_NAMES, k=n_steps + 1)
+    steps = _Steps()
+    base = rng.randint(3, 30)
+    sentences = [f"{people[0]} is {base} years old."]
+    ages = [base]
+    remaining = n_steps
+    later = remaining >= 2 and rng.random() < 0.5
+    if later:
+        remaining -= 1
+    for prev, person in itertools.pairwise(people[: remaining + 1]):
+        v = ages[-1]
+        kind = rng.choice(["older", "younger", "twice"])
+        if kind == "older":
+            n = rng.randint(1, 30)
+            sentences.append(f"{person} is {n} years older than {prev}.")
+            ages.append(steps.add(f"{person}'s age", v, "+", n))
+        elif kind == "younger":
+            if v < 2:
+                raise _Retry
+            n = rng.randint(1, v - 1)
+            sentences.append(f"{person} is {n} years younger than {prev}.")
+            ages.append(steps.add(f"{person}'s age", v, "-", n))
+        else:
+            sentences.append(f"{person} is twice as old as {prev}.")
+            ages.append(steps.add(f"{person}'s age", v, "*", 2))
+        if ages[-1] > 99:
+            raise _Retry
+    if len(steps.lines) < remaining:  # fewer people than steps: a sum of two ages
+        raise _Retry
+    last = people[len(ages) - 1]
+    question = f"How old is {last}?"
+    if later:
+        n = rng.randint(2, 20)
+        if steps.add(f"{last}'s age in {n} years", ages[-1], "+", n) > 99:
+            raise _Retry
+        question = f"How old will {last} be in {n} years?"
+    if not steps.lines:
+        raise _Retry
+    return sentences, steps, question
+
+
+def _timing(rng: random.Random, n_steps: int) -> Story:
+    """Minutes per task times tasks, breaks, a second activity (held out)."""
+    name = rng.choice(ALL_NAMES)
+    steps = _Steps()
+    _task, tasks = rng.choice([("math problem", "math problems"), ("song", "songs"), ("lap", "laps"),
+                              ("letter", "letters"), ("drawing", "drawings")])  # fmt: skip
+    per, n = rng.randint(2, 15), rng.randint(2, 12)
+    sentences = [f"{name} spends {per} minutes on each of {n} {tasks}."]
+    value = steps.add("Minutes on the " + tasks, per, "*", n)
+    remaining = n_steps - 1
+    while remaining:
+        kind = rng.choice(["break", "less"] + (["other"] if remaining >= 2 else []))
+        if kind == "break":
+            b = rng.randint(3, 30)
+            sentences.append(f"{name} also takes a {b}-minute break.")
+            value = steps.add("Minutes so far", value, "+", b)
+            remaining -= 1
+        elif kind == "less":
+            b = rng.randint(1, max(1, value - 1))
+            sentences.append(f"A friend helps, which saves {b} minutes.")
+            value = steps.add("Minutes needed", value, "-", b)
+            remaining -= 1
+        else:
+            p2, n2 = rng.randint(2, 10), rng.randint(2, 8)
+            sentences.append(f"Afterwards {name} spends {p2} minutes on each of {n2} chores.")
+            extra = steps.add("Minutes on chores", p2, "*", n2)
+            value = steps.add("Minutes in total", value, "+", extra)
+            remaining -= 2
+    question = _pick_question(
+        rng, f"How many minutes does {name} spend in total?", f"How many minutes does it all take {name}?"
+    )
+    return sentences, steps, question
+
+
+def _sharing(rng: random.Random, n_steps: int) -> Story:
+    """Collections put together, given away, and shared equally."""
+    people = rng.sample(ALL_NAMES, k=rng.randint(2, min(4, n_steps + 1)))
+    _obj, objs = rng.choice(OBJECTS)
+    steps = _Steps()
+    counts = [rng.randint(2, 150) for _ in people]
+    listed = [f"{p} has {c} {objs}" for p, c in zip(people, counts, strict=True)]
+    sentences = [", ".join(listed[:-1]) + " and " + listed[-1] + "."]
+    total = counts[0]
+    for c in counts[1:]:
+        total = steps.add("Together so far", total, "+", c)
+    question = f"How many {objs} do they have together?"
+    rest = n_steps - len(steps.lines)
+    share = rest >= 1 and rng.random() < 0.6
+    for _ in range(rest - share):
+        n = rng.randint(1, max(1, total - 1))
+        sentences.append(
+            f"They give {n} {objs} to the {rng.choice(['school', 'library', 'hospital', 'club'])}."
+        )
+        total = steps.add(f"{objs.capitalize()} left", total, "-", n)
+        question = f"How many {objs} do they have left?"
+    if share:
+        divisors = _divisors(total, 2, 9)
+        if not divisors:
+            raise _Retry
+        k = rng.choice(divisors)
+        sentences.append(f"They share the {objs} equally among {k} children.")
+        steps.add(f"{objs.capitalize()} per child", total, "/", k)
+        question = f"How many {objs} does each child get?"
+    return sentences, steps, question
+
+
+def _parking(rng: random.Random, n_steps: int) -> Story:
+    """Cars arriving and leaving a car park; the empty spaces."""
+    size = rng.randint(50, 600)
+    cars = rng.randint(1, size // 2)
+    steps = _Steps()
+    where = rng.choice(["A car park", "A parking garage", "The lot behind the station"])
+    sentences = [f"{where} has {size} spaces, and {cars} cars are parked there."]
+    for i in range(n_steps - 1):
+        if rng.random() < 0.6:
+            n = rng.randint(1, max(1, (size - cars) // 2))
+            sentences.append(f"{'Then ' if i else ''}{n} more cars arrive.")
+            cars = steps.add("Cars parked", cars, "+", n)
+        else:
+            if cars < 2:
+                raise _Retry
+            n = rng.randint(1, cars - 1)
+            sentences.append(f"{'Then ' if i else ''}{n} cars drive away.")
+            cars = steps.add("Cars parked", cars, "-", n)
+    steps.add("Empty spaces", size, "-", cars)
+    question = _pick_question(rng, "How many spaces are empty now?", "How many free spaces are left?")
+    return sentences, steps, question
+
+
+MATH_FAMILIES: dict[str, Callable[[random.Random, int], Story]] = {
+    # the original five (unchanged functions; here they also get 1 and 6 steps)
+    "inventory": _inventory,
+    "shopping": _shopping,
+    "rate": _rate,
+    "compare": _compare,
+    "batches": _batches,
+    # new
+    "diary": _diary,
+    "savings": _savings,
+    "recipe": _recipe,
+    "travel": _travel,
+    "garden": _garden,
+    "classroom": _classroom,
+    "reading": _reading,
+    "wages": _wages,
+    "sports": _sports,
+    "fundraiser": _fundraiser,
+    "party": _party,
+    "coins": _coins,
+    "sharing": _sharing,
+    "parking": _parking,
+    # held out (below)
+    "bus": _bus,
+    "legs": _legs,
+    "orchard": _orchard,
+    "tank": _tank,
+    "ages": _ages,
+    "timing": _timing,
+}
+# Never generated for training; each has relatives among the training families (bus: diary and
+# parking; legs: coins; orchard: garden and batches; tank: savings; ages: compare; timing: wages).
+HELDOUT_MATH_FAMILIES: tuple[str, ...] = ("ages", "bus", "legs", "orchard", "tank", "timing")
+TRAIN_MATH_FAMILIES: tuple[str, ...] = tuple(f for f in MATH_FAMILIES if f not in HELDOUT_MATH_FAMILIES)
+
+
+def is_heldout_question(question: str) -> bool:
+    """Broadened generator: whether a question belongs to the held-out-seed split (by its hash)."""
+    digest = hashlib.sha1(question.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % HELDOUT_QUESTION_BUCKETS == 0
+
+
+def generate_family_problem(seed: int, families: Sequence[str] = TRAIN_MATH_FAMILIES) -> MathProblem:
+    """The broadened generator's problem for ``seed``: 1–6 steps, a family from ``families``."""
+    unknown = set(families) - set(MATH_FAMILIES)
+    if unknown or not families:
+        raise RelaxSpecError(f"unknown math families: {sorted(unknown)}" if unknown else "no families")
+    rng = random.Random(seed)
+    for _ in range(1000):
+        n_steps = rng.randint(MIN_STEPS, MAX_STEPS)
+        family = rng.choice(list(families))
+        try:
+            sentences, steps, question = MATH_FAMILIES[family](rng, n_steps)
+        except _Retry:
+            continue
+        if not MIN_STEPS <= len(steps.lines) <= MAX_STEPS:
+            continue
+        if rng.random() < 0.3:
+            template = rng.choice(MORE_DISTRACTORS)
+            other = rng.choice(ALL_NAMES)
+            sentences.insert(
+                rng.randint(1, len(sentences)), template.format(other=other, n=rng.randint(2, 99))
+            )
+        answer = int(steps.lines[-1].rsplit("= ", 1)[1])
+        solution = "\n".join([*steps.lines, f"#### {answer}"])
+        text = " ".join([*sentences, question])
+        return MathProblem(seed, text, solution, answer, len(steps.lines), family=family)
+    raise RuntimeError(f"could not generate a math problem for seed {seed}")  # pragma: no cover
+
+
+def train_family_problems(n: int, start: int = 0) -> list[MathProblem]:
+    """Broadened training problems: training families, seeds from ``start``, held-out questions skipped."""
+    out, seed = [], start
+    while len(out) < n:
+        if seed >= EVAL_SEED_START:
+            raise ValueError("training seeds would overlap the evaluation range")
+        p = generate_family_problem(seed, TRAIN_MATH_FAMILIES)
+        if not is_heldout_question(p.question):
+            out.append(p)
+        seed += 1
+    return out
+
+
+def eval_family_seed_problems(n: int) -> list[MathProblem]:
+    """Held-out seeds of the broadened generator: training families, held-out questions only."""
+    out, seed = [], EVAL_SEED_START
+    while len(out) < n:
+        p = generate_family_problem(seed, TRAIN_MATH_FAMILIES)
+        if is_heldout_question(p.question):
+            out.append(p)
+        seed += 1
+    return out
+
+
+def heldout_family_problems(n: int) -> list[MathProblem]:
+    """Held-out phrasing families (:data:`HELDOUT_MATH_FAMILIES`) on the evaluation seeds."""
+    return [generate_family_problem(EVAL_SEED_START + i, HELDOUT_MATH_FAMILIES) for i in range(n)]
