@@ -181,6 +181,9 @@ def test_bootstrap_is_reproducible_and_degenerate_cases():
     assert mean_interval([0.5, 1.0]).method == "bootstrap"
     assert mean_interval([1, 0, 1, 1], ["a", "a", "b", "b"]).method == "wilson (effective n, clustered)"
     assert mean_interval([0.5, 1, 1, 1], ["a", "a", "b", "b"]).method == "cluster bootstrap"
+    assert mean_interval([0, 1, 1], proportion=False).method == "bootstrap"  # e.g. a token count
+    with pytest.raises(RelaxSpecError, match="0/1 outcomes"):
+        mean_interval([0.5, 1.0], proportion=True)
 
 
 @pytest.mark.parametrize(
@@ -361,6 +364,7 @@ def test_rows_carry_intervals_and_exact_pairs_with_ar():
     assert q["p_value"] == pytest.approx(0.5)
     assert a.ar_identical_ci["estimate"] == 1.0 and n.ar_identical_ci["estimate"] == 0.0
     assert n.ar_prefix_ci["estimate"] == pytest.approx(2.0)
+    assert a.ar_prefix_ci["method"] == "bootstrap"  # a count of tokens, never a Wilson proportion
     assert n.paired["ar_identical"]["delta"] == pytest.approx(-1.0)
     text = markdown_table([a, n])
     assert "0.80 [0.49–0.94] exact_match n=10" in text
@@ -406,3 +410,11 @@ def test_rows_without_scores_show_dashes():
     assert rows["ar"].quality_ci is None and rows["nsd"].paired is None
     cols = dict(COLUMNS)
     assert cols["quality"](rows["ar"]) == "-" and cols["Δ quality (paired)"](rows["nsd"]) == "-"
+
+
+def test_ar_prefix_is_a_count_even_when_every_prefix_is_0_or_1():
+    records = [rec("ar", f"e{i}", 1.0) for i in range(4)]
+    records += [rec("nsd", f"e{i}", 1.0, tokens=(1, 9, 9) if i % 2 else (9, 9, 9), k=4) for i in range(4)]
+    nsd = next(r for r in build_rows(records) if r.method == "nsd")
+    assert nsd.ar_prefix == 0.5 and nsd.ar_prefix_ci["method"] == "bootstrap"
+    assert nsd.ar_identical_ci["method"] == "wilson" and nsd.ar_identical_ci["estimate"] == 0.0

@@ -256,12 +256,19 @@ def mean_interval(
     values: Sequence[float] | np.ndarray,
     clusters: Sequence[Hashable] | None = None,
     confidence: float = CONFIDENCE,
+    proportion: bool | None = None,
 ) -> Interval:
     """The interval the tables show for a mean: for 0/1 outcomes :func:`wilson`, or
     :func:`wilson_clustered` where a cluster holds several outcomes; :func:`bootstrap_mean` (by
-    cluster where a cluster holds several outcomes) for other values."""
+    cluster where a cluster holds several outcomes) for other values. ``proportion`` says whether
+    the values are success/failure outcomes (None: whether they are all 0 or 1); a count that
+    happens to be 0 or 1 everywhere (``proportion=False``) is still bootstrapped."""
     x = _values(values)
-    if is_binary(x):
+    if proportion is None:
+        proportion = is_binary(x)
+    elif proportion and not is_binary(x):
+        raise RelaxSpecError("a proportion needs 0/1 outcomes")
+    if proportion:
         if _cluster_index(clusters, x.size) is None:
             return wilson(int(x.sum()), int(x.size), confidence)
         return wilson_clustered(x, clusters or [], confidence)

@@ -263,8 +263,8 @@ def summarize_cell(cell: Cell, records: Sequence[dict[str, Any]], reference: dic
         row.ar_prefix = sum(common_prefix(a, b) for a, b in refs) / len(refs)
     outcomes = per_prompt(ok, reference)
     row.quality_ci = figure_interval(outcomes["quality"])
-    row.ar_identical_ci = figure_interval(outcomes["ar_identical"])
-    row.ar_prefix_ci = figure_interval(outcomes["ar_prefix"])
+    row.ar_identical_ci = figure_interval(outcomes["ar_identical"], proportion=True)
+    row.ar_prefix_ci = figure_interval(outcomes["ar_prefix"], proportion=False)  # a token count
     counters: dict[str, Any] = {}
     for r in ok:
         if r.get("diagnostics"):
@@ -303,13 +303,14 @@ def _clusters(keys: Iterable[Outcome]) -> list[tuple[str, str]]:
     return [(dataset, example) for dataset, example, _ in keys]
 
 
-def figure_interval(outcomes: dict[Outcome, float]) -> dict[str, Any] | None:
+def figure_interval(outcomes: dict[Outcome, float], proportion: bool | None = None) -> dict[str, Any] | None:
     """95 % interval of one figure's mean over its outcomes (:func:`intervals.mean_interval`:
     Wilson for 0/1 outcomes — at the effective sample size where a prompt has several seeds —
     else a percentile bootstrap, clustered by prompt)."""
     if not outcomes:
         return None
-    return intervals.mean_interval(list(outcomes.values()), _clusters(outcomes)).to_dict()
+    values = list(outcomes.values())
+    return intervals.mean_interval(values, _clusters(outcomes), proportion=proportion).to_dict()
 
 
 def paired_figures(
