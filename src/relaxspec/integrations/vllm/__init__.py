@@ -13,7 +13,11 @@ engine core, workers — so the hooks below are in place wherever its sampler ru
   returns uninitialised temperatures (docs/vllm.md);
 - seeded requests draw their probabilistic drafts from their own generator (vLLM draws them from
   the global one), so a seeded request is reproducible whatever else runs;
-- workers get ``relaxspec_stats`` / ``relaxspec_reset_stats`` for ``collective_rpc``.
+- workers get ``relaxspec_stats`` / ``relaxspec_reset_stats`` for ``collective_rpc``;
+- our proposers (:mod:`.proposers`): a MARS block drafter also returns ``q`` for all-greedy
+  batches (the ``Gate`` rule reads it); a custom relaxspec proposer class is bound to the model
+  runner before each ``propose``, its ``q`` goes to the acceptance step, and its per-request state
+  is freed when the request finishes (``relaxspec_proposer_state`` over ``collective_rpc``).
 
 Registration is idempotent. Stock vLLM = this plugin not loaded: ``VLLM_PLUGINS`` without
 ``relaxspec`` (e.g. ``VLLM_PLUGINS=none``) or ``RELAXSPEC_VLLM_DISABLE=1``. Only the vLLM minor
@@ -159,6 +163,62 @@ def _install() -> None:
     # 6. Counters over collective_rpc.
     _patch(worker_base.WorkerBase, "relaxspec_stats", lambda self: rejection.snapshot())
     _patch(worker_base.WorkerBase, "relaxspec_reset_stats", lambda self: rejection.COUNTERS.reset())
+
+    # 7-9. Our proposers (issue 13; see .proposers).
+    _install_proposer_hooks(proposer_mod, worker_base, GPUModelRunner)
+
+
+def _install_proposer_hooks(proposer_mod: Any, worker_base: Any, runner_cls: Any) -> None:
+    from relaxspec.integrations.vllm import proposers
+
+    # 7. A MARS block drafter (parallel drafting) also returns q for an all-greedy batch (Gate).
+    base = proposer_mod.SpecDecodeBaseProposer
+    original_sample_drafts = base._sample_draft_tokens
+
+    @functools.wraps(original_sample_drafts)
+    def _sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -> Any:
+        ids, probs = original_sample_drafts(self, hidden_states, sampling_metadata)
+        if probs is None:
+            probs = proposers.greedy_draft_probs(self, hidden_states, sampling_metadata)
+        return ids, probs
+
+    _patch(base, "_sample_draft_tokens", _sample_draft_tokens)
+
+    # 8. Custom relaxspec proposers get the model runner (request ids, sampling params) and their
+    #    q goes where vLLM keeps draft probabilities for the acceptance step.
+    original_propose = runner_cls.propose_draft_token_ids
+
+    @functools.wraps(original_propose)
+    def propose_draft_token_ids(self: Any, *args: Any, **kw: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if drafter is None or not getattr(drafter, "relaxspec_proposer", False):
+            return original_propose(self, *args, **kw)
+        drafter.bind(self)
+        drafts = original_propose(self, *args, **kw)
+        probs = drafter.take_last_draft_probs()
+        if probs is not None:
+            self._draft_probs = probs
+            self._draft_prob_req_ids = list(self.input_batch.req_ids)
+        return drafts
+
+    _patch(runner_cls, "propose_draft_token_ids", propose_draft_token_ids)
+
+    # 9. Per-request proposer state is freed when vLLM reports the request finished.
+    original_update = runner_cls._update_states
+
+    @functools.wraps(original_update)
+    def _update_states(self: Any, scheduler_output: Any) -> Any:
+        drafter = getattr(self, "drafter", None)
+        if drafter is not None and getattr(drafter, "relaxspec_proposer", False):
+            drafter.free(scheduler_output.finished_req_ids)
+        return original_update(self, scheduler_output)
+
+    _patch(runner_cls, "_update_states", _update_states)
+    _patch(
+        worker_base.WorkerBase,
+        "relaxspec_proposer_state",
+        lambda self: proposers.proposer_state(getattr(self, "model_runner", None)),
+    )
 
 
 def _cpu_kernel_overrides() -> bool:

@@ -106,12 +106,23 @@ def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = Non
     return env
 
 
+# Proposer kind -> the model role it loads by default (DESIGN §8; .proposers).
+PROPOSER_ROLES = {"draft": "draft", "block": "block", "diffusion": "diffusion"}
+
+
 class VLLMEngine:
-    """A vLLM engine for one (method family, k): ``ar``, or draft-model SD with any rule.
+    """A vLLM engine for one (method family, proposer, k): ``ar``, or speculative decoding with any rule.
 
     method: ``ar`` or a rule name (``sd``, ``nsd``, ``topk``, ``typical``, ``lenience``,
-    ``greedy``; aliases ``exact``, ``nucleus``) — the default rule of this engine's requests;
-    rule parameters as keywords (``theta``, ``accept_k``, ``epsilon``, ``delta``, ``ell``).
+    ``greedy``, ``gate``; aliases ``exact``, ``nucleus``, ``prove``) — the default rule of this
+    engine's requests; rule parameters as keywords (``theta``, ``accept_k``, ``epsilon``, ``delta``,
+    ``ell``).
+
+    proposer: ``draft`` (vLLM's draft-model proposer, ``draft`` = a causal LM), ``block`` (a MARS
+    block proposer through vLLM's parallel drafting, ``draft`` = the block model, ``k`` ≤ its
+    trained block size) or ``diffusion`` (relaxspec's masked-diffusion drafter as a vLLM custom
+    proposer, ``draft`` = the drafter; ``gamma`` block length (default ``k``), ``steps`` S,
+    ``reveal``). See :mod:`relaxspec.integrations.vllm.proposers`.
     """
 
     def __init__(
@@ -121,6 +132,10 @@ class VLLMEngine:
         target: str | Path | None = None,
         draft: str | Path | None = None,
         k: int = 4,
+        proposer: str = "draft",
+        gamma: int | None = None,
+        steps: int | None = None,
+        reveal: str = "auto",
         stock: bool = False,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
@@ -156,10 +171,15 @@ class VLLMEngine:
             raise RelaxSpecError(
                 f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}"
             )
+        if proposer not in PROPOSER_ROLES:
+            raise RelaxSpecError(f"proposer must be one of {', '.join(PROPOSER_ROLES)}, got {proposer!r}")
+        if stock and proposer == "diffusion":
+            raise RelaxSpecError("the diffusion drafter needs the relaxspec plugin (not stock vLLM)")
         self.stock = stock
+        self.proposer = proposer if self.method != "ar" else None
         self.k = k if self.method != "ar" else 0
         self.target = model_dir("target", target, "vLLM")
-        self.draft = model_dir("draft", draft, "vLLM") if self.method != "ar" else None
+        self.draft = model_dir(PROPOSER_ROLES[proposer], draft, "vLLM") if self.method != "ar" else None
         if multiprocessing is None:
             multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"
         self.multiprocessing = multiprocessing
@@ -177,14 +197,23 @@ class VLLMEngine:
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         if self.method != "ar":
-            spec: dict[str, Any] = {
-                "method": "draft_model",
-                "model": str(self.draft),
-                "num_speculative_tokens": k,
-            }
+            from relaxspec.integrations.vllm import proposers
+
             if draft_sample_method is None:
                 draft_sample_method = "greedy" if stock else "probabilistic"
-            spec["draft_sample_method"] = draft_sample_method
+            spec: dict[str, Any]
+            if proposer == "block":
+                _check_block_model(self.draft, k)
+                spec = proposers.block_speculative_config(str(self.draft), k, draft_sample_method)
+                kwargs["hf_overrides"] = proposers.mars_hf_overrides
+            elif proposer == "diffusion":
+                spec = proposers.diffusion_speculative_config(k)
+                kwargs["additional_config"] = proposers.diffusion_additional_config(
+                    str(self.draft), k if gamma is None else gamma, steps, reveal
+                )
+            else:
+                spec = {"method": "draft_model", "model": str(self.draft), "num_speculative_tokens": k}
+                spec["draft_sample_method"] = draft_sample_method
             if num_speculative_tokens_per_batch_size is not None:
                 spec["num_speculative_tokens_per_batch_size"] = num_speculative_tokens_per_batch_size
             kwargs["speculative_config"] = spec
@@ -258,6 +287,12 @@ class VLLMEngine:
             return RuleChoice(rule)
         return choice_from_args(rule, self.rule)
 
+    def proposer_state(self) -> dict[str, Any] | None:
+        """The (first) worker's custom-proposer state (diffusion drafter: live request states)."""
+        if self.proposer != "diffusion":
+            return None
+        return self.llm.collective_rpc("relaxspec_proposer_state")[0]
+
     def plugin_stats(self) -> dict[str, Any] | None:
         """The plugin's counters in the (first) worker, or None for stock vLLM / ``ar``."""
         if self.stock or self.method == "ar":
@@ -320,6 +355,7 @@ class VLLMEngine:
             stats: dict[str, Any] = {
                 "engine": "vllm",
                 "method": self.method,
+                "proposer": self.proposer,
                 "stock": self.stock,
                 "k": self.k,
                 "rule": (sp.extra_args or {}).get("rule"),
@@ -343,6 +379,24 @@ class VLLMEngine:
             with contextlib.suppress(Exception):
                 llm.llm_engine.engine_core.shutdown()
             self.llm = None
+
+
+def _check_block_model(path: Path, k: int) -> None:
+    """``path`` is a MARS block proposer trained for blocks of at least ``k`` (clear error if not)."""
+    import json
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise RelaxSpecError(f"cannot read the block proposer's config at {path}: {err}") from None
+    trained = config.get("mars_block_size")
+    if not isinstance(trained, int) or config.get("mars_mask_token_id") is None:
+        raise RelaxSpecError(
+            f"{path} is not a block proposer (its config has no mars_block_size / mars_mask_token_id); "
+            "train one with `relaxspec train block`"
+        )
+    if k > trained:
+        raise RelaxSpecError(f"block size {k} is larger than the block proposer's trained size ({trained})")
 
 
 def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relaxspec.core.acceptance import verify_unchecked
+from relaxspec.core.acceptance import Gate, verify_unchecked
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
 
 PLACEHOLDER = -1
@@ -93,14 +93,17 @@ class Counters:
         self.relaxed: list[int] = []
         self.by_rule: dict[str, int] = {}
 
-    def add(self, label: str, k: int, accepted: Tensor, exact: Tensor | None) -> None:
+    def add(
+        self, label: str, k: int, accepted: Tensor, exact: Tensor | None, next_token: Tensor | None = None
+    ) -> None:
         n = int(accepted.numel())
         grow = k - len(self.drafted)
         if grow > 0:
             for lst in (self.drafted, self.accepted, self.relaxed):
                 lst.extend([0] * grow)
         self.rows += n
-        self.emitted += int(accepted.sum()) + n
+        # Every row emits its accepted drafts plus a next token, unless the rule emits none (Gate).
+        self.emitted += int(accepted.sum()) + (n if next_token is None else int((next_token >= 0).sum()))
         self.by_rule[label] = self.by_rule.get(label, 0) + n
         if k == 0:
             return
@@ -237,6 +240,8 @@ def relaxed_rejection_sample(
                 q = torch.nn.functional.one_hot(tokens, vocab).to(probs.dtype)
         verdict = verify_unchecked(rule, tokens, q, target, generator=gen)
         accepted, next_token = verdict.accepted, verdict.next_token
+        if isinstance(rule, Gate):
+            next_token = _gate_fallback(accepted, next_token, target, is_greedy, gen)
         pos = torch.arange(k + 1, device=device)
         padded = torch.cat([tokens, tokens.new_zeros(len(members), 1)], dim=1)
         emitted = torch.where(pos < accepted.unsqueeze(1), padded, PLACEHOLDER)
@@ -244,11 +249,29 @@ def relaxed_rejection_sample(
         out[rows, : k + 1] = emitted.to(torch.int32)
         if counting:
             COUNTERS.add(
-                choices[b0].label() + ("/greedy" if is_greedy else ""), k, accepted, verdict.exact_accepted
+                choices[b0].label() + ("/greedy" if is_greedy else ""),
+                k,
+                accepted,
+                verdict.exact_accepted,
+                next_token,
             )
     if counting:
         _flush()
     return out
+
+
+def _gate_fallback(
+    accepted: Tensor, next_token: Tensor, target: Tensor, greedy: bool, gen: torch.Generator | None
+) -> Tensor:
+    """``Gate`` emits no corrected token; a row it left empty (no drafts: vLLM drafts none near the
+    length limit) emits the target's own token there instead, so every row advances (vLLM needs
+    ≥ 1 token per verified row)."""
+    empty = (accepted == 0) & (next_token < 0)
+    if not bool(empty.any()):
+        return next_token
+    law = target[:, 0]  # K' = 0: the target law after the committed tokens (or vLLM's bonus)
+    own = law.argmax(-1) if greedy else torch.multinomial(law, 1, generator=gen).squeeze(-1)
+    return torch.where(empty, own, next_token)
 
 
 # ---------------------------------------------------------------------------------------------

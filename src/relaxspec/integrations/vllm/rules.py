@@ -19,7 +19,12 @@ Vocabulary (method names as in :mod:`relaxspec.methods`; rule names are aliases)
 ``typical``    —               ``Typical(ε, δ)`` / greedy variant         ``epsilon`` (0.09), ``delta`` (0.3)
 ``lenience``   —               ``Lenience(ℓ)`` / ``Lenience(ℓ, greedy)``  ``ell`` (0.5)
 ``greedy``     —               ``Greedy()`` at every temperature          —
+``gate``       ``prove``       ``Gate(θ)`` at every temperature           ``theta`` (0.05)
 =============  ==============  =========================================  =====================
+
+``gate`` is ProVe's product gate ``q(d_i)·p(d_i) ≥ θ`` (first draft always accepted, no corrected
+token): it needs the proposer's real ``q`` — the block drafter hands it over at every temperature
+(:mod:`.proposers`); with a proposer that gives none, ``q`` is one-hot and the gate reads ``p(d_i) ≥ θ``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from relaxspec.core.acceptance import AcceptanceRule, Exact, Greedy, Lenience, Nucleus, TopK, Typical
+from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
 from relaxspec.errors import RelaxSpecError
 
 ENV_RULE = "RELAXSPEC_VLLM_RULE"
@@ -48,8 +53,9 @@ _RULES: dict[str, tuple[dict[str, Any], Any]] = {
     ),
     "lenience": ({"ell": 0.5}, lambda p, g: Lenience(p["ell"], greedy=g)),
     "greedy": ({}, lambda p, g: Greedy()),
+    "gate": ({"theta": 0.05}, lambda p, g: Gate(p["theta"])),
 }
-ALIASES = {"exact": "sd", "nucleus": "nsd", "top_k": "topk", "top-k": "topk"}
+ALIASES = {"exact": "sd", "nucleus": "nsd", "top_k": "topk", "top-k": "topk", "prove": "gate"}
 RULE_NAMES = tuple(_RULES)
 # Parameter -> the rule it implies when a request gives the parameter without a rule the
 # parameter belongs to (``{"theta": 0.8}`` on an ``sd`` server means nucleus at θ = 0.8).
@@ -119,7 +125,7 @@ class RuleChoice:
         object.__setattr__(self, "_sampling", sampling)
         object.__setattr__(self, "_greedy", greedy)
 
-    def rule(self, greedy: bool) -> AcceptanceRule:
+    def rule(self, greedy: bool) -> Rule:
         """The rule for a row: the greedy variant at temperature 0, the sampling rule otherwise."""
         return self._greedy if greedy else self._sampling  # type: ignore[attr-defined]
 

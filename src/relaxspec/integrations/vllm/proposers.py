@@ -1,0 +1,325 @@
+"""ProVe's block proposer and the masked-diffusion drafter as vLLM proposers (DESIGN §8, issue 13).
+
+Two seams of vLLM 0.32 carry our proposers; this module only adapts layouts — the proposers
+themselves are :mod:`relaxspec.engine.proposers` and the rules :mod:`relaxspec.core.acceptance`.
+
+**Block proposer (MARS; ``prove-lossless``, ``prove``, block-drafted ``sd``/``nsd``/...): vLLM's
+parallel drafting.** ``speculative_config = {"method": "draft_model", "model": <block dir>,
+"parallel_drafting": True, "num_speculative_tokens": B}``. Per step vLLM feeds the drafter, per
+request, the target's newly verified tokens, the token just sampled, then ``B − 1`` placeholder
+tokens, in one forward with ordinary causal attention over the drafter's own (vLLM-paged) KV cache;
+the outputs at the sampled token and at the placeholders are the B draft laws
+(``vllm/v1/spec_decode/llm_base_proposer.py``: ``set_inputs_first_pass`` →
+``copy_and_expand_eagle_inputs``; rejected tokens are moved behind the placeholders and not
+written, and a placeholder's KV slot is overwritten by the real token at that position in the next
+step). That is exactly the layout :mod:`relaxspec.train.block` trains (a noisy token attends
+causally to the earlier tokens of its own block, whose first token is the real last token, and to
+the clean tokens before the block) and :class:`relaxspec.engine.proposers.block.BlockProposer`
+decodes with, so the bundled ``models/block`` runs there unchanged. The placeholder id comes from
+the model's ``mars_mask_token_id`` (vLLM looks for ``pard_token`` & co.): :func:`mars_hf_overrides`
+is passed as the engine's ``hf_overrides`` and vLLM composes it into the drafter's config.
+
+The ``Gate`` rule of ``prove`` needs the proposer's own probability of each draft. vLLM hands
+``draft_probs`` to the acceptance step only when it samples drafts (``draft_sample_method =
+"probabilistic"`` and some request has T > 0); for an all-greedy batch the plugin makes the block
+drafter return ``softmax(logits)`` alongside its argmax drafts (same tokens), so
+``q_i(d_i)`` is real at T = 0 too (:func:`greedy_draft_probs`).
+
+**Diffusion drafter (``sdd`` with any accept rule): a custom proposer class.**
+``speculative_config = {"method": "custom_class", "model":
+"relaxspec.integrations.vllm.proposers.DiffusionDrafter", "num_speculative_tokens": γ}``; the
+drafter directory, γ, S and the reveal order travel in ``additional_config["relaxspec_diffusion"]``.
+It cannot be a vLLM draft model: it attends bidirectionally inside the block and unmasks it in S
+passes. :class:`DiffusionDrafter` keeps one :class:`~relaxspec.engine.proposers.diffusion.
+DiffusionProposer` (its own context KV cache, rolled back to the committed length) per request id,
+created on the request's first draft and freed when vLLM reports the request finished (the plugin
+hooks the model runner's ``_update_states``), and hands each row's real ``q`` (the law each token
+was drawn from; reveal order as in our engine: confidence when greedy, left to right when
+sampling) to the acceptance step. vLLM gives a custom proposer no request ids and collects no
+draft probabilities from it, so the plugin binds the model runner to it before each ``propose``
+and moves :meth:`DiffusionDrafter.take_last_draft_probs` into the runner's draft-prob slot
+afterwards (``relaxspec.integrations.vllm._install``).
+
+Memory outside vLLM's KV budget (``VLLM_CPU_KVCACHE_SPACE``): the drafter's weights (float32,
+~7.5M parameters = ~30 MB for the bundled one) once per worker, plus per live request its context
+cache: ``2 · layers · hidden · 4`` bytes per cached token (6 KiB for the bundled drafter;
+buffers start at 256 positions and double, so 1.5 MiB for a short request, at most 6 MiB at the
+1024-token context). :meth:`DiffusionDrafter.state_info` reports the live bytes.
+
+Verifier skipping (``sdd-skip``, ``sdd-periodic``, ``mars``) stays in relaxspec's own engine: vLLM
+runs the target on every scheduled step and no seam lets a proposer commit tokens unverified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.errors import RelaxSpecError
+
+log = logging.getLogger("relaxspec.vllm")
+
+MARS_MASK_ATTR = "mars_mask_token_id"  # relaxspec.engine.proposers.block.MASK_ID_ATTR
+CONFIG_KEY = "relaxspec_diffusion"  # key of vLLM's additional_config
+DIFFUSION_CLASS = "relaxspec.integrations.vllm.proposers.DiffusionDrafter"
+_SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
+
+
+# ---------------------------------------------------------------------------------------------
+# Block proposer: vLLM's parallel drafting
+# ---------------------------------------------------------------------------------------------
+
+
+def mars_hf_overrides(hf_config: Any) -> Any:
+    """vLLM ``hf_overrides``: expose a MARS block proposer's placeholder as ``pard_token``.
+
+    Module-level (picklable): vLLM sends the composed override to its engine-core process.
+    Configs without ``mars_mask_token_id`` are returned unchanged.
+    """
+    mask_id = getattr(hf_config, MARS_MASK_ATTR, None)
+    if mask_id is not None and getattr(hf_config, "pard_token", None) is None:
+        hf_config.pard_token = int(mask_id)
+    return hf_config
+
+
+def is_block_drafter(hf_config: Any) -> bool:
+    return getattr(hf_config, MARS_MASK_ATTR, None) is not None
+
+
+def block_speculative_config(block_dir: str, k: int, draft_sample_method: str) -> dict[str, Any]:
+    return {
+        "method": "draft_model",
+        "model": block_dir,
+        "num_speculative_tokens": k,
+        "parallel_drafting": True,
+        "draft_sample_method": draft_sample_method,
+    }
+
+
+def greedy_draft_probs(
+    proposer: Any, hidden_states: torch.Tensor, sampling_metadata: Any
+) -> torch.Tensor | None:
+    """``softmax(logits)`` of a block drafter's all-greedy batch (the drafts are its argmax), or None.
+
+    Only for a MARS block drafter and only when every request is greedy: then no rule but ``Gate``
+    reads ``q``, and the q it reads is the proposer's temperature-1 law, as in our engine. (Mixed or
+    sampling batches already get vLLM's probabilistic draft probabilities.)
+    """
+    if not sampling_metadata.all_greedy or not is_block_drafter(proposer.draft_model_config.hf_config):
+        return None
+    logits = proposer.model.compute_logits(hidden_states)
+    return logits.float().softmax(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Diffusion drafter: a custom proposer class
+# ---------------------------------------------------------------------------------------------
+
+
+def diffusion_speculative_config(k: int) -> dict[str, Any]:
+    return {"method": "custom_class", "model": DIFFUSION_CLASS, "num_speculative_tokens": k}
+
+
+def diffusion_additional_config(
+    path: str, gamma: int | None, steps: int | None, reveal: str = "auto"
+) -> dict[str, Any]:
+    return {CONFIG_KEY: {"path": path, "gamma": gamma, "steps": steps, "reveal": reveal}}
+
+
+def request_sampling(params: Any) -> SamplingParams:
+    """relaxspec's :class:`SamplingParams` for a vLLM request (temperature, top-k, top-p, seed)."""
+    temperature = float(getattr(params, "temperature", 0.0) or 0.0)
+    top_k = int(getattr(params, "top_k", 0) or 0)
+    top_p = float(getattr(params, "top_p", 1.0) or 1.0)
+    return SamplingParams(
+        temperature=0.0 if temperature < _SAMPLING_EPS else temperature,
+        top_k=max(top_k, 0),
+        top_p=min(max(top_p, 1e-6), 1.0),
+        seed=getattr(params, "seed", None),
+    )
+
+
+@dataclass
+class _RowState:
+    proposer: Any  # DiffusionProposer
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+class DiffusionDrafter:
+    """vLLM custom proposer (``method="custom_class"``) running relaxspec's diffusion drafter.
+
+    Constructed by vLLM with the ``VllmConfig`` in every worker; options from
+    ``additional_config["relaxspec_diffusion"]`` (``path``, ``gamma``, ``steps``, ``reveal``).
+    ``num_speculative_tokens`` (K) drafts per request per step, ``K ≤ γ``.
+    """
+
+    relaxspec_proposer = True  # the plugin binds the runner and collects q for classes with this
+
+    def __init__(self, vllm_config: Any) -> None:
+        opts = dict((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
+        if not opts.get("path"):
+            raise RelaxSpecError(
+                f"the diffusion drafter needs additional_config['{CONFIG_KEY}']['path'] (the drafter "
+                "directory); build the engine with relaxspec.integrations.vllm.offline.VLLMEngine"
+            )
+        self.path = str(opts["path"])
+        self.gamma, self.steps = opts.get("gamma"), opts.get("steps")
+        self.reveal = opts.get("reveal") or "auto"
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.target_vocab = int(vllm_config.model_config.get_vocab_size())
+        self.model: Any = None
+        self.runner: Any = None
+        self.states: dict[str, _RowState] = {}
+        self._last_draft_probs: torch.Tensor | None = None
+        self._lock = threading.Lock()
+        self.created = 0
+        self.freed = 0
+        self.events: list[tuple[str, str, int]] = []  # (event, req_id, live states after) — last 256
+
+    # -- vLLM's hooks ----------------------------------------------------------------------------
+
+    def load_model(self, target_model: Any = None) -> None:
+        """Load the drafter (vLLM's CPU runner calls this on every drafter)."""
+        from relaxspec.engine.proposers.diffusion import DiffusionProposer, load_diffusion
+
+        loaded = load_diffusion(self.path)
+        vocab = int(loaded.model.get_output_embeddings().weight.shape[0])
+        if vocab != self.target_vocab:
+            raise RelaxSpecError(
+                f"the diffusion drafter's vocabulary ({vocab}) differs from the target's "
+                f"({self.target_vocab})"
+            )
+        self.model = loaded.model.eval()
+        probe = DiffusionProposer(self.model, self.gamma, self.steps, self.reveal)  # validates γ, S, reveal
+        self.gamma, self.steps = probe.gamma, probe.steps
+        if self.k > self.gamma:
+            raise RelaxSpecError(
+                f"num_speculative_tokens ({self.k}) exceeds the diffusion block length gamma ({self.gamma})"
+            )
+        log.info(
+            "relaxspec diffusion drafter %s: gamma=%d steps=%d k=%d",
+            self.path,
+            self.gamma,
+            self.steps,
+            self.k,
+        )
+
+    def bind(self, runner: Any) -> None:
+        self.runner = runner
+
+    def take_last_draft_probs(self) -> torch.Tensor | None:
+        probs, self._last_draft_probs = self._last_draft_probs, None
+        return probs
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: Any,
+        token_ids_cpu: Any,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        """Draft each row that sampled a token this step: ``[[d_1..d_k], ...]`` (``[]`` = none)."""
+        if self.model is None:
+            self.load_model()
+        runner = self.runner
+        if runner is None:
+            raise RelaxSpecError(
+                "DiffusionDrafter needs the relaxspec vLLM plugin loaded (it binds the model runner)"
+            )
+        req_ids = list(runner.input_batch.req_ids)
+        drafts: list[list[int]] = []
+        rows: list[tuple[int, torch.Tensor]] = []
+        with self._lock:
+            for i, sampled in enumerate(sampled_token_ids):
+                n = int(num_tokens_no_spec[i])
+                k = min(self.k, self.max_model_len - 1 - n, self.model.config.max_position_embeddings - n)
+                if not sampled or k < 1 or i >= len(req_ids):
+                    drafts.append([])
+                    continue
+                state = self._state(req_ids[i])
+                ids = torch.as_tensor(token_ids_cpu[i, :n], dtype=torch.long)[None]
+                with torch.inference_mode():
+                    proposal = state.proposer.propose(ids, k, state.params, state.generator)
+                drafts.append(proposal.tokens[0].tolist())
+                if proposal.probs is not None:
+                    rows.append((i, proposal.probs[0]))
+        self._last_draft_probs = None
+        if rows:
+            vocab = rows[0][1].shape[-1]
+            probs = torch.zeros(len(sampled_token_ids), self.k, vocab)
+            for i, q in rows:
+                probs[i, : q.shape[0]] = q
+            self._last_draft_probs = probs
+        return drafts
+
+    # -- per-request state -----------------------------------------------------------------------
+
+    def _state(self, req_id: str) -> _RowState:
+        state = self.states.get(req_id)
+        if state is None:
+            from relaxspec.engine.proposers.diffusion import DiffusionProposer
+
+            request = self.runner.requests.get(req_id)
+            params = request_sampling(getattr(request, "sampling_params", None))
+            generator = None
+            if params.seed is not None and not params.greedy:
+                generator = torch.Generator().manual_seed(params.seed)
+            proposer = DiffusionProposer(self.model, self.gamma, self.steps, self.reveal)
+            proposer.reveal_order(params)  # clear error for an inexact combination
+            state = self.states[req_id] = _RowState(proposer, params, generator)
+            self.created += 1
+            self._event("create", req_id)
+        return state
+
+    def free(self, req_ids: Any) -> None:
+        """Drop the state of finished (or aborted) requests."""
+        with self._lock:
+            for req_id in req_ids or ():
+                if self.states.pop(req_id, None) is not None:
+                    self.freed += 1
+                    self._event("free", req_id)
+
+    def _event(self, what: str, req_id: str) -> None:
+        self.events.append((what, req_id, len(self.states)))
+        del self.events[:-256]
+
+    def state_bytes(self) -> int:
+        """Bytes of the live requests' drafter caches (position-indexed buffers or dynamic layers)."""
+        total = 0
+        for state in self.states.values():
+            for layer in getattr(state.proposer.lm.cache, "layers", None) or []:
+                pair = (layer._keys, layer._values) if hasattr(layer, "_keys") else (layer.keys, layer.values)
+                total += sum(t.numel() * t.element_size() for t in pair if isinstance(t, torch.Tensor))
+        return total
+
+    def state_info(self) -> dict[str, Any]:
+        """Live per-request states (ids, bytes) and counts, for ``collective_rpc``/tests."""
+        with self._lock:
+            return {
+                "live": sorted(self.states),
+                "live_bytes": self.state_bytes(),
+                "created": self.created,
+                "freed": self.freed,
+                "events": list(self.events),
+                "gamma": self.gamma,
+                "steps": self.steps,
+                "k": self.k,
+                "pid": os.getpid(),
+            }
+
+
+def proposer_state(runner: Any) -> dict[str, Any] | None:
+    """A worker's custom relaxspec proposer state (None when its drafter is not ours)."""
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not getattr(drafter, "relaxspec_proposer", False):
+        return None
+    return drafter.state_info()

