@@ -237,11 +237,23 @@ def data_build(
     out: Annotated[Path, typer.Option(help="corpus directory")] = Path("data/corpus"),
     n_math_train: int = 200_000,
     n_math_eval: int = 1_000,
+    n_synthcode_train: Annotated[
+        int | None, typer.Option(help="synthetic code tasks for training (default n_math_train / 2)")
+    ] = None,
+    n_math_broad_train: Annotated[
+        int | None, typer.Option(help="broadened math problems for training (default n_math_train / 2)")
+    ] = None,
 ) -> None:
-    """Build the offline corpus (stdlib Python + synthetic math) deterministically."""
+    """Build the offline corpus (stdlib Python + synthetic math and code tasks) deterministically."""
     from relaxspec.data.corpus import CorpusConfig, build_corpus
 
-    manifest = build_corpus(out, CorpusConfig(n_math_train=n_math_train, n_math_eval=n_math_eval))
+    config = CorpusConfig(
+        n_math_train=n_math_train,
+        n_math_eval=n_math_eval,
+        n_synthcode_train=n_synthcode_train,
+        n_math_broad_train=n_math_broad_train,
+    )
+    manifest = build_corpus(out, config)
     print(json.dumps({k: v for k, v in manifest.items() if k != "heldout_modules"}, indent=1))
 
 
@@ -268,7 +280,8 @@ def train_ar_cmd(
     steps: int | None = None,
     max_minutes: float | None = None,
     mixture: Annotated[
-        str | None, typer.Option(help="source weights, e.g. math=0.5,code=0.5 (default 0.7/0.3)")
+        str | None,
+        typer.Option(help="source weights: math, code, synthcode, math_broad (default math=0.7,code=0.3)"),
     ] = None,
     set_: TrainSetOpt = None,
 ) -> None:
@@ -299,8 +312,8 @@ def train_ar_cmd(
 
 
 def _parse_mixture(text: str) -> dict[str, float]:
-    """``"math=0.5,code=0.5"`` -> ``{"math": 0.5, "code": 0.5}`` (the sources of ``MIXTURE``)."""
-    from relaxspec.train.ar import MIXTURE
+    """``"math=0.5,code=0.5"`` -> ``{"math": 0.5, "code": 0.5}`` (sources of ``TRAIN_SOURCES``)."""
+    from relaxspec.data.tokens import TRAIN_SOURCES
 
     weights: dict[str, float] = {}
     for item in text.split(","):
@@ -309,8 +322,11 @@ def _parse_mixture(text: str) -> dict[str, float]:
             weights[name.strip()] = float(value)
         except ValueError:
             sep = ""
-        if not sep or name.strip() not in MIXTURE:
-            raise RelaxSpecError(f"--mixture expects math=W,code=W (non-negative weights), got {text!r}")
+        if not sep or name.strip() not in TRAIN_SOURCES:
+            raise RelaxSpecError(
+                f"--mixture expects SOURCE=W with SOURCE in {', '.join(TRAIN_SOURCES)} "
+                f"(non-negative weights), got {text!r}"
+            )
     return weights
 
 

@@ -1,4 +1,4 @@
-"""The offline training corpus (DESIGN §5): Python standard-library source + synthetic math.
+"""The offline training corpus (DESIGN §5): Python standard-library source + synthetic math and code.
 
 ``build_corpus(out_dir)`` writes, deterministically:
 
@@ -8,6 +8,14 @@
 - ``math_train.jsonl`` — ``{"seed", "text"}`` for training seeds ``0..n_math_train-1``.
 - ``math_eval.jsonl`` — ``{"seed", "prompt", "solution", "answer", "steps"}`` from the disjoint
   evaluation seed range.
+- ``synthcode_train.jsonl`` — ``{"seed", "family", "text"}``: synthetic code tasks
+  (:mod:`relaxspec.data.codegen`) of the training families on training seeds, held-out specs
+  skipped; ``synthcode_eval.jsonl`` / ``synthcode_families_eval.jsonl`` — ``{"seed", "family",
+  "prompt", "text"}`` of the held-out seeds / held-out families (for held-out losses; never
+  trained on).
+- ``math_broad_train.jsonl`` — ``{"seed", "family", "steps", "text"}``: the broadened math
+  generator's training families (1–6 steps); ``math_families_eval.jsonl`` — ``{"seed", "family",
+  "prompt", "solution", "answer", "steps", "text"}`` of its held-out phrasing families.
 - ``manifest.json`` — Python version, counts, held-out module list, characters per source.
 
 Token counts and the mixing ratio are recorded by the training code once a tokenizer exists
@@ -23,7 +31,16 @@ import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from relaxspec.data.mathgen import EVAL_SEED_START, eval_problems, generate_problem
+from relaxspec.data import codegen
+from relaxspec.data.mathgen import (
+    EVAL_SEED_START,
+    HELDOUT_MATH_FAMILIES,
+    TRAIN_MATH_FAMILIES,
+    eval_problems,
+    generate_problem,
+    heldout_family_problems,
+    train_family_problems,
+)
 from relaxspec.errors import RelaxSpecError
 
 HELDOUT_BUCKETS = 20  # one module in twenty (by path hash) is held out for evaluation
@@ -37,6 +54,18 @@ class CorpusConfig:
     n_math_eval: int = 1_000
     stdlib_dir: str | None = None  # default: this interpreter's standard library
     max_code_files: int | None = None  # for tests: only the first N modules (sorted by path)
+    # synthetic code tasks and the broadened math generator (issue 15); None: n_math_train // 2
+    n_synthcode_train: int | None = None
+    n_math_broad_train: int | None = None
+    n_synth_eval: int = 500  # each of the held-out synthcode / math-families eval files
+
+    def sizes(self) -> tuple[int, int]:
+        """(synthcode training tasks, broadened math training problems)."""
+        half = max(1, self.n_math_train // 2)
+        return (
+            half if self.n_synthcode_train is None else self.n_synthcode_train,
+            half if self.n_math_broad_train is None else self.n_math_broad_train,
+        )
 
 
 def is_heldout_module(relative_path: str) -> bool:
@@ -98,6 +127,11 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
         raise RelaxSpecError("n_math_train and n_math_eval must be at least 1")
     if config.n_math_train > EVAL_SEED_START:
         raise RelaxSpecError(f"n_math_train must be below {EVAL_SEED_START}")
+    n_synthcode, n_math_broad = config.sizes()
+    if n_synthcode < 1 or n_math_broad < 1 or config.n_synth_eval < 1:
+        raise RelaxSpecError("n_synthcode_train, n_math_broad_train and n_synth_eval must be at least 1")
+    if max(n_synthcode, n_math_broad) > EVAL_SEED_START // 2:
+        raise RelaxSpecError(f"n_synthcode_train and n_math_broad_train must be below {EVAL_SEED_START // 2}")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -119,12 +153,14 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
     # verbatim for training (possible in principle with templates).
     train_texts = {r["text"].split("\nAnswer:")[0] for r in math_train}
     math_eval = [r for r in math_eval if r["prompt"].split("\nAnswer:")[0] not in train_texts]
+    synth = synthetic_rows(n_synthcode, n_math_broad, config.n_synth_eval)
 
     for name, rows in [
         ("code_train", code_train),
         ("code_eval", code_eval),
         ("math_train", math_train),
         ("math_eval", math_eval),
+        *synth.items(),
     ]:
         _write_jsonl(out / f"{name}.jsonl", rows)
     manifest = {
@@ -136,14 +172,67 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
             "code_eval": len(code_eval),
             "math_train": len(math_train),
             "math_eval": len(math_eval),
+            **{name: len(rows) for name, rows in synth.items()},
         },
         "chars": {
             "code_train": sum(len(r["text"]) for r in code_train),
             "code_eval": sum(len(r["text"]) for r in code_eval),
             "math_train": sum(len(r["text"]) for r in math_train),
+            "synthcode_train": sum(len(r["text"]) for r in synth["synthcode_train"]),
+            "math_broad_train": sum(len(r["text"]) for r in synth["math_broad_train"]),
         },
         "heldout_modules": [r["path"] for r in code_eval],
         "math_eval_seed_start": EVAL_SEED_START,
+        "synthcode": {
+            "generator_version": codegen.GENERATOR_VERSION,
+            "train_families": list(codegen.TRAIN_FAMILIES),
+            "heldout_families": list(codegen.HELDOUT_FAMILIES),
+        },
+        "math_broad": {
+            "train_families": list(TRAIN_MATH_FAMILIES),
+            "heldout_families": list(HELDOUT_MATH_FAMILIES),
+        },
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def synthetic_rows(n_synthcode: int, n_math_broad: int, n_eval: int) -> dict[str, list[dict]]:
+    """The synthetic code and broadened math files (training splits and held-out eval splits).
+
+    The training rows come only from training families and training seeds (held-out specs and
+    questions skipped by hash), so no held-out prompt can be in them; the check below makes sure.
+    """
+    code_train = codegen.train_tasks(n_synthcode)
+    code_eval = codegen.eval_tasks(n_eval)
+    code_fams = codegen.heldout_family_tasks(n_eval)
+    math_train = train_family_problems(n_math_broad)
+    math_fams = heldout_family_problems(n_eval)
+    train_prompts = {t.prompt for t in code_train} | {p.prompt for p in math_train}
+    held = [t.prompt for t in code_eval + code_fams] + [p.prompt for p in math_fams]
+    if train_prompts.intersection(held):  # pragma: no cover - excluded by construction
+        raise RelaxSpecError("a held-out synthetic prompt is in the training split")
+    return {
+        "synthcode_train": [{"seed": t.seed, "family": t.family, "text": t.text} for t in code_train],
+        "synthcode_eval": [
+            {"seed": t.seed, "family": t.family, "prompt": t.prompt, "text": t.text} for t in code_eval
+        ],
+        "synthcode_families_eval": [
+            {"seed": t.seed, "family": t.family, "prompt": t.prompt, "text": t.text} for t in code_fams
+        ],
+        "math_broad_train": [
+            {"seed": p.seed, "family": p.family, "steps": p.steps, "text": p.text} for p in math_train
+        ],
+        "math_families_eval": [
+            {
+                "seed": p.seed,
+                "family": p.family,
+                "prompt": p.prompt,
+                "solution": p.solution,
+                "answer": p.answer,
+                "steps": p.steps,
+                "text": p.text,
+            }
+            for p in math_fams
+        ],
+    }

@@ -21,7 +21,21 @@ from transformers import PreTrainedTokenizerBase
 from relaxspec.data.corpus import read_jsonl
 from relaxspec.errors import RelaxSpecError
 
-SOURCES = {"code": "code_train", "math": "math_train", "code_eval": "code_eval", "math_eval": "math_eval"}
+SOURCES = {
+    "code": "code_train",
+    "math": "math_train",
+    "code_eval": "code_eval",
+    "math_eval": "math_eval",
+    # synthetic code tasks and the broadened math generator (issue 15)
+    "synthcode": "synthcode_train",
+    "math_broad": "math_broad_train",
+    "synthcode_eval": "synthcode_eval",
+    "synthcode_families_eval": "synthcode_families_eval",
+    "math_families_eval": "math_families_eval",
+}
+# The sources a training mixture may draw from (``--mixture math=0.4,synthcode=0.3,...``); the
+# others are held out.
+TRAIN_SOURCES = ("math", "code", "synthcode", "math_broad")
 
 
 def _tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -35,7 +49,7 @@ def _encode_docs(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> np.nda
 
 
 def load_stream(corpus_dir: str | Path, source: str, tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
-    """The packed token stream of one source (``code``, ``math``, ``code_eval``, ``math_eval``)."""
+    """The packed token stream of one source of :data:`SOURCES` (``code``, ``math``, ``synthcode``, ...)."""
     if source not in SOURCES:
         raise RelaxSpecError(f"unknown corpus source {source!r}; choose from {sorted(SOURCES)}")
     if len(tokenizer) > 65_536:
@@ -102,10 +116,25 @@ def training_data(
     seq_len: int,
     heldout_windows: int,
 ) -> tuple[TokenMixture, dict[str, torch.Tensor]]:
-    """The training mixture over ``weights``' sources and fixed held-out windows (code and math)."""
+    """The training mixture over ``weights``' sources and fixed held-out windows (code and math,
+    plus the synthetic held-out sets when their training sources are mixed in).
+
+    Only :data:`TRAIN_SOURCES` may be mixed in: a held-out source is never trained on.
+    """
+    held_out = set(weights) - set(TRAIN_SOURCES)
+    if held_out:
+        raise RelaxSpecError(
+            f"cannot train on {sorted(held_out)}: a mixture draws only from {', '.join(TRAIN_SOURCES)}"
+        )
     mixture = TokenMixture({name: load_stream(corpus_dir, name, tokenizer) for name in weights}, weights)
+    # a mixture with the synthetic sources also tracks their held-out seeds and families
+    names = ["code_eval", "math_eval"]
+    if "synthcode" in weights:
+        names += ["synthcode_eval", "synthcode_families_eval"]
+    if "math_broad" in weights:
+        names += ["math_families_eval"]
     heldout = {
         name: fixed_windows(load_stream(corpus_dir, name, tokenizer), heldout_windows, seq_len)
-        for name in ("code_eval", "math_eval")
+        for name in names
     }
     return mixture, heldout

@@ -10,6 +10,12 @@ so the benchmark, ``relaxspec eval`` and the report treat them alike. Quality me
   each score, and only ``namespaces`` scores are trustworthy;
 - ``code`` (continuations of held-out standard-library modules): no task metric; the benchmark's
   agreement with greedy AR measures fidelity there;
+- ``synthcode`` / ``synthcode-families``: pass@1 of the project's synthetic code tasks
+  (:mod:`relaxspec.data.codegen`) on held-out seeds of the training families / on the held-out
+  families, scored exactly like HumanEval (same :class:`Example` ``problem`` path and sandbox);
+- ``math-broad`` / ``math-families``: exact match on the broadened math generator's held-out
+  seeds of its training families / on its held-out phrasing families
+  (:mod:`relaxspec.data.mathgen`); ``math`` stays the original generator's held-out seeds;
 - a ``.jsonl`` prompt file: exact match where a row gives an integer ``answer``.
 """
 
@@ -20,15 +26,25 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from relaxspec.data.codegen import CodeTask, eval_tasks, heldout_family_tasks
 from relaxspec.data.corpus import is_heldout_module, stdlib_modules
-from relaxspec.data.mathgen import eval_problems, extract_answer
+from relaxspec.data.mathgen import (
+    MathProblem,
+    eval_family_seed_problems,
+    eval_problems,
+    extract_answer,
+    heldout_family_problems,
+)
 from relaxspec.errors import RelaxSpecError
 
 MATH_STOP = ("\nQuestion:",)
 # The stop sequences of the Codex paper's HumanEval evaluation: a completion ends where top-level
 # code starts again.
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
-DATASETS = ("math", "code", "humaneval")
+# Synthetic code tasks: the same, plus the other top-level starts a model trained on them writes
+# after a body (a test, a decorator, an import)
+SYNTHCODE_STOP = (*HUMANEVAL_STOP, "\nassert", "\n@", "\nfrom ", "\nimport ")
+DATASETS = ("math", "code", "humaneval", "synthcode", "synthcode-families", "math-broad", "math-families")
 
 
 @dataclass
@@ -77,6 +93,29 @@ def math_examples(limit: int) -> list[Example]:
     return [
         Example(f"math-{p.seed}", p.prompt, answer=p.answer, stop=MATH_STOP) for p in eval_problems(limit)
     ]
+
+
+def _math_rows(problems: list[MathProblem], prefix: str) -> list[Example]:
+    return [
+        Example(f"{prefix}-{p.family}-{p.seed}", p.prompt, answer=p.answer, stop=MATH_STOP) for p in problems
+    ]
+
+
+def math_family_examples(limit: int, heldout_families: bool = True) -> list[Example]:
+    """The broadened math generator: held-out phrasing families, or held-out seeds (``False``)."""
+    if heldout_families:
+        return _math_rows(heldout_family_problems(limit), "math-families")
+    return _math_rows(eval_family_seed_problems(limit), "math-broad")
+
+
+def _code_task_example(task: CodeTask) -> Example:
+    return Example(task.task_id, task.prompt, stop=SYNTHCODE_STOP, problem=task.problem)
+
+
+def synthcode_examples(limit: int, heldout_families: bool = False) -> list[Example]:
+    """Synthetic code tasks (pass@1 in the sandbox): held-out seeds, or held-out families."""
+    tasks = heldout_family_tasks(limit) if heldout_families else eval_tasks(limit)
+    return [_code_task_example(t) for t in tasks]
 
 
 def code_examples(limit: int, prompt_chars: int = 600) -> list[Example]:
@@ -156,7 +195,7 @@ def humaneval_examples(limit: int) -> list[Example]:
 
 
 def load_examples(dataset: str, limit: int) -> list[Example]:
-    """``math``, ``code``, ``humaneval`` or a path to a ``.jsonl`` prompt file."""
+    """One of :data:`DATASETS` or a path to a ``.jsonl`` prompt file."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise RelaxSpecError(f"limit must be an integer >= 1, got {limit!r}")
     if dataset == "math":
@@ -165,10 +204,14 @@ def load_examples(dataset: str, limit: int) -> list[Example]:
         examples = code_examples(limit)
     elif dataset == "humaneval":
         examples = humaneval_examples(limit)
+    elif dataset in ("synthcode", "synthcode-families"):
+        examples = synthcode_examples(limit, heldout_families=dataset == "synthcode-families")
+    elif dataset in ("math-broad", "math-families"):
+        examples = math_family_examples(limit, heldout_families=dataset == "math-families")
     elif dataset.endswith(".jsonl"):
         examples = file_examples(dataset, limit)
     else:
-        raise RelaxSpecError(f"unknown dataset {dataset!r}; use math, code, humaneval or a .jsonl file")
+        raise RelaxSpecError(f"unknown dataset {dataset!r}; use {', '.join(DATASETS)} or a .jsonl file")
     if not examples:
         raise RelaxSpecError(f"dataset {dataset!r} has no examples")
     return examples
