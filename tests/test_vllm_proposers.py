@@ -206,3 +206,41 @@ def test_bad_proposer_settings_fail_clearly():
         VLLMEngine("sd", proposer="block", k=64)
     with pytest.raises(RelaxSpecError, match="plugin"):
         VLLMEngine("sd", proposer="diffusion", stock=True)
+
+
+def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
+    from relaxspec.integrations.vllm import runners
+
+    plan = runners.engine_plan("prove-lossless", runners.resolve("prove-lossless", {}))
+    assert (plan.rule, plan.proposer, plan.k, plan.target_role, plan.proposer_role) == (
+        "sd", "block", 8, "block", "block"
+    )  # fmt: skip
+    plan = runners.engine_plan("prove", runners.resolve("prove", {"theta": 0.1, "block_size": 4}))
+    assert (plan.request_rule(), plan.k, plan.target_role) == ({"rule": "gate", "theta": 0.1}, 4, "draft")
+    plan = runners.engine_plan("sdd", runners.resolve("sdd", {"accept": "topk", "accept_k": 3, "steps": 2}))
+    assert plan.request_rule() == {"rule": "topk", "accept_k": 3} and plan.proposer == "diffusion"
+    assert plan.k == runners.drafter_gamma() and plan.options["steps"] == 2
+    # rows of one engine differ only in their per-request rule: one vLLM engine serves a θ/ℓ grid
+    strict = runners.engine_plan("sdd", runners.resolve("sdd", {}))
+    lenient = runners.engine_plan("sdd", runners.resolve("sdd", {"accept": "lenience"}))
+    assert strict.engine_key({}) == lenient.engine_key({})
+    assert runners.resolve("vllm-ar", {"model": "block"})["model"] == "block"
+    for name, bad in (("sdd", {"accept": "gate"}), ("sdd", {"gamma": 0}), ("prove", {"theta": -1}),
+                      ("prove-lossless", {"k": 4}), ("vllm-ar", {"model": "x"})):  # fmt: skip
+        with pytest.raises(RelaxSpecError):
+            runners.resolve(name, bad)
+
+
+def test_cli_generate_engine_vllm_prove_lossless_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "relaxspec.cli", "generate", "--engine", "vllm"]
+    cmd += ["--method", "prove-lossless", "--block-size", "8", "--temperature", "0"]
+    cmd += ["--max-new-tokens", "24", "--json", PROMPTS[0]]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout)
+    assert len(out["tokens"]) == 24 and out["stats"]["tau"] > 1
+    assert out["stats"]["params"]["block_size"] == 8

@@ -2,8 +2,16 @@
 
 - our methods through vLLM + the plugin: ``ar``, ``sd``, ``nsd``, ``topk``, ``typical``,
   ``lenience`` (parameters as in :mod:`relaxspec.methods`: ``k``, ``theta``, ``accept_k``, ...);
+- ProVe and SDD with our proposers inside vLLM (:mod:`.proposers`; parameters as in
+  :mod:`relaxspec.methods`): ``prove-lossless`` (target = proposer = the block model, B =
+  ``block_size``, lossless), ``prove`` (block proposer, small verifier = the draft model, ``Gate(θ)``),
+  ``sdd`` (diffusion drafter, target, ``accept`` = exact | lenience | topk | nucleus, ``gamma``,
+  ``steps``, ``reveal``). ``mars``, ``sdd-skip`` and ``sdd-periodic`` skip the verifier and stay in
+  relaxspec's engine (vLLM runs the target every step);
 - peers = stock vLLM, plugin out: ``vllm-ar`` and ``vllm-sd`` (``k``; vLLM's default greedy
-  drafting, i.e. what a user of stock vLLM gets).
+  drafting, i.e. what a user of stock vLLM gets). ``vllm-ar`` takes an optional ``model``
+  (``target`` by default, or ``block`` / ``draft``): AR of the model a method verifies with,
+  e.g. ``--set vllm-ar.model=block`` beside ``prove-lossless``.
 
 Engines are shared: every rule at one ``k`` runs on the same vLLM engine (the rule is a
 per-request argument), so a θ grid costs one engine. Benchmark engines run in their own processes
@@ -15,13 +23,16 @@ across cells; a runner records, per generation, the same counters as our engine
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
-from relaxspec.integrations.vllm.rules import PARAM_KEYS, canonical
+from relaxspec.integrations.vllm.rules import PARAM_KEYS, RuleChoice, canonical
+from relaxspec.models import model_dir
 
 # Our method presets that run inside vLLM, with their parameters and defaults (methods.py's names).
 METHODS: dict[str, dict[str, Any]] = {
@@ -31,9 +42,26 @@ METHODS: dict[str, dict[str, Any]] = {
     "topk": {"k": 4, "accept_k": 2},
     "typical": {"k": 4, "epsilon": 0.09, "delta": 0.3},
     "lenience": {"k": 4, "ell": 0.5},
+    # Our proposers inside vLLM (.proposers); defaults as methods.py's presets.
+    "prove-lossless": {"block_size": 8},
+    "prove": {"block_size": 8, "theta": 0.05},
+    "sdd": {
+        "gamma": None,  # None: the drafter's operating point (config diffusion_gamma)
+        "steps": None,
+        "reveal": "auto",
+        "accept": "exact",
+        "ell": 0.5,
+        "accept_k": 2,
+        "theta": 0.95,
+    },
 }
+PROPOSER_METHODS = ("prove-lossless", "prove", "sdd")
+SDD_ACCEPT = {"exact": ("sd", ()), "lenience": ("lenience", ("ell",)), "topk": ("topk", ("accept_k",)),
+              "nucleus": ("nsd", ("theta",))}  # fmt: skip
+AR_MODELS = ("target", "block", "draft")
 # Stock vLLM peers (plugin disabled).
 PEERS: dict[str, dict[str, Any]] = {"vllm-ar": {}, "vllm-sd": {"k": 4}}
+PEER_OPTIONAL: dict[str, dict[str, Any]] = {"vllm-ar": {"model": "target"}}
 PEER_NEEDS: dict[str, tuple[str, ...]] = {"vllm-ar": ("target",), "vllm-sd": ("target", "draft")}
 PEER_SUMMARY = {
     "vllm-ar": "stock vLLM (relaxspec plugin disabled), autoregressive",
@@ -52,21 +80,95 @@ def resolve(name: str, params: dict[str, Any]) -> dict[str, Any]:
         raise RelaxSpecError(
             f"method {name!r} does not run inside vLLM; vLLM rows: {', '.join([*METHODS, *PEERS])}"
         )
-    unknown = sorted(set(params) - set(table[name]))
+    known = {**table[name], **PEER_OPTIONAL.get(name, {})}
+    unknown = sorted(set(params) - set(known))
     if unknown:
         raise RelaxSpecError(
             f"{name!r} with --engine vllm has no parameter {', '.join(unknown)} "
-            f"(parameters: {', '.join(table[name]) or 'none'})"
+            f"(parameters: {', '.join(known) or 'none'})"
         )
     out = {**table[name], **params}
     k = out.get("k", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RelaxSpecError(f"k of {name!r} must be an integer >= 1, got {k!r}")
-    if name in METHODS and name != "ar":
-        from relaxspec.integrations.vllm.rules import RuleChoice
-
+    if "model" in out and out["model"] not in AR_MODELS:
+        raise RelaxSpecError(f"model of {name!r} must be one of {', '.join(AR_MODELS)}, got {out['model']!r}")
+    if name in PROPOSER_METHODS:
+        engine_plan(name, out)  # validates
+    elif name in METHODS and name != "ar":
         RuleChoice(canonical(name), {p: v for p, v in out.items() if p in PARAM_KEYS})
     return out
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """How a method runs inside vLLM: the engine (target, proposer, k, options) and the request rule."""
+
+    rule: str
+    rule_params: dict[str, Any]
+    proposer: str  # draft | block | diffusion
+    k: int
+    target_role: str = "target"
+    proposer_role: str = "draft"
+    options: dict[str, Any] = field(default_factory=dict)  # gamma, steps, reveal (diffusion)
+
+    def request_rule(self) -> dict[str, Any]:
+        return {"rule": self.rule, **self.rule_params}
+
+    def engine_key(self, paths: dict[str, Any]) -> tuple[Any, ...]:
+        """Engines are shared by every plan that differs only in its rule (the rule is per request)."""
+        return (
+            self.proposer,
+            self.k,
+            str(paths.get(self.target_role)),
+            str(paths.get(self.proposer_role)),
+            json.dumps(self.options, sort_keys=True),
+        )
+
+
+def _int_param(p: dict[str, Any], name: str, upper: int = 64) -> int:
+    value = p[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
+        raise RelaxSpecError(f"{name} must be an integer in [1, {upper}], got {value!r}")
+    return value
+
+
+def drafter_gamma(path: str | Path | None = None) -> int:
+    """The diffusion drafter's operating-point γ (config ``diffusion_gamma``, else its training block)."""
+    config = json.loads((model_dir("diffusion", path, "vLLM") / "config.json").read_text())
+    gamma = config.get("diffusion_gamma") or config.get("diffusion_block_length")
+    if not isinstance(gamma, int) or gamma < 1:
+        raise RelaxSpecError("the diffusion drafter's config has no diffusion_gamma; pass gamma")
+    return gamma
+
+
+def engine_plan(name: str, p: dict[str, Any], paths: dict[str, Any] | None = None) -> EnginePlan:
+    """The :class:`EnginePlan` of a vLLM method row with resolved parameters ``p``."""
+    paths = paths or {}
+    if name == "prove-lossless":
+        return EnginePlan("sd", {}, "block", _int_param(p, "block_size"), "block", "block")
+    if name == "prove":
+        RuleChoice("gate", {"theta": p["theta"]})
+        size = _int_param(p, "block_size")
+        return EnginePlan("gate", {"theta": p["theta"]}, "block", size, "draft", "block")
+    if name == "sdd":
+        if p["accept"] not in SDD_ACCEPT:
+            raise RelaxSpecError(f"accept must be one of {', '.join(SDD_ACCEPT)}, got {p['accept']!r}")
+        rule, names = SDD_ACCEPT[p["accept"]]
+        rule_params = {n: p[n] for n in names}
+        RuleChoice(rule, rule_params)
+        gamma = drafter_gamma(paths.get("diffusion")) if p["gamma"] is None else _int_param(p, "gamma")
+        steps = p["steps"]
+        if steps is not None:
+            _int_param(p, "steps", gamma)
+        if p["reveal"] not in ("auto", "confidence", "left_to_right"):
+            raise RelaxSpecError(f"reveal must be auto, confidence or left_to_right, got {p['reveal']!r}")
+        options = {"gamma": gamma, "steps": steps, "reveal": p["reveal"]}
+        return EnginePlan(rule, rule_params, "diffusion", gamma, "target", "diffusion", options)
+    if name in METHODS and name != "ar":
+        rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
+        return EnginePlan(canonical(name), rule_params, "draft", int(p["k"]))
+    raise RelaxSpecError(f"method {name!r} has no vLLM engine plan")
 
 
 class EnginePool:
@@ -77,25 +179,50 @@ class EnginePool:
         target: str | Path | None = None,
         draft: str | Path | None = None,
         multiprocessing: bool = True,
+        block: str | Path | None = None,
+        diffusion: str | Path | None = None,
         **engine_kwargs: Any,
     ) -> None:
         self.target, self.draft = target, draft
+        self.paths: dict[str, Any] = {"target": target, "draft": draft}
+        self.paths.update(block=block, diffusion=diffusion)
         self.multiprocessing = multiprocessing
         self.engine_kwargs = engine_kwargs
-        self.engines: dict[tuple[str, int, bool], VLLMEngine] = {}
+        self.engines: dict[tuple[Any, ...], VLLMEngine] = {}
 
-    def get(self, kind: str, k: int, stock: bool) -> VLLMEngine:
+    def get(self, kind: str, k: int, stock: bool, model: str = "target") -> VLLMEngine:
         # AR has no acceptance step: the plugin changes nothing there, so ar and vllm-ar share one.
         key = (kind, k, stock) if kind != "ar" else ("ar", 0, True)
+        if model != "target":
+            key = (*key, model)
         if key not in self.engines:
             self.engines[key] = VLLMEngine(
                 kind,
-                target=self.target,
+                target=model_dir(model, self.paths.get(model), "vLLM") if model != "target" else self.target,
                 draft=self.draft,
                 k=k,
                 stock=key[2],
                 multiprocessing=self.multiprocessing,
                 **self.engine_kwargs,
+            )
+        return self.engines[key]
+
+    def get_plan(self, plan: EnginePlan) -> VLLMEngine:
+        """The engine of a method row (plugin on); shared by plans that differ only in their rule."""
+        if plan.proposer == "draft" and plan.target_role == "target":
+            return self.get(plan.rule, plan.k, False)
+        key = ("plan", *plan.engine_key(self.paths))
+        if key not in self.engines:
+            self.engines[key] = VLLMEngine(
+                plan.rule,
+                target=model_dir(plan.target_role, self.paths.get(plan.target_role), "vLLM"),
+                draft=model_dir(plan.proposer_role, self.paths.get(plan.proposer_role), "vLLM"),
+                k=plan.k,
+                proposer=plan.proposer,
+                multiprocessing=self.multiprocessing,
+                **plan.options,
+                **self.engine_kwargs,
+                **plan.rule_params,
             )
         return self.engines[key]
 
@@ -140,10 +267,15 @@ def runner(name: str, params: dict[str, Any], sampling: Any, pool: EnginePool) -
     p = resolve(name, params)
     stock = is_peer(name)
     kind = {"vllm-ar": "ar", "vllm-sd": "sd"}.get(name, name)
-    k = int(p.get("k", 0)) if kind != "ar" else 0
-    engine = pool.get(kind, k, stock)
-    rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
-    rule = None if stock or kind == "ar" else {"rule": kind, **rule_params}
+    if stock or kind == "ar":
+        k = int(p.get("k", 0)) if kind != "ar" else 0
+        engine = pool.get(kind, k, stock, model=p.get("model", "target"))
+        rule = None
+    else:
+        plan = engine_plan(name, p, pool.paths)
+        k = plan.k
+        engine = pool.get_plan(plan)
+        rule = plan.request_rule()
 
     def run(ex: Any, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
         result = engine.generate(
@@ -180,15 +312,35 @@ def generate_json(
     target: str | Path | None = None,
     draft: str | Path | None = None,
     stop: Sequence[str] | None = None,
+    paths: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One generation for ``relaxspec generate --engine vllm``: ``{"text", "tokens", "stats"}``."""
-    p = resolve(method, {"k": k, **(params or {})} if method != "ar" else dict(params or {}))
-    if method == "ar":
-        p["k"] = 1
-    rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
-    engine = VLLMEngine(
-        method, target=target, draft=draft, k=p.get("k", 1), max_model_len=None, seed=seed or 0, **rule_params
-    )
+    """One generation for ``relaxspec generate --engine vllm``: ``{"text", "tokens", "stats"}``.
+
+    ``paths``: model directories by role (``block``, ``diffusion``, ...) for the ProVe / SDD rows.
+    """
+    paths = {"target": target, "draft": draft, **{r: v for r, v in (paths or {}).items() if v is not None}}
+    if method in PROPOSER_METHODS:
+        p = resolve(method, dict(params or {}))
+        plan = engine_plan(method, p, paths)
+        engine = VLLMEngine(
+            plan.rule,
+            target=model_dir(plan.target_role, paths.get(plan.target_role), "vLLM"),
+            draft=model_dir(plan.proposer_role, paths.get(plan.proposer_role), "vLLM"),
+            k=plan.k,
+            proposer=plan.proposer,
+            seed=seed or 0,
+            **plan.options,
+            **plan.rule_params,
+        )
+        k = plan.k
+    else:
+        p = resolve(method, {"k": k, **(params or {})} if method != "ar" else dict(params or {}))
+        if method == "ar":
+            p["k"] = 1
+        rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
+        k = p.get("k", 1)
+        engine = VLLMEngine(method, target=target, draft=draft, k=k, seed=seed or 0, **rule_params)
+        k = p.get("k", 0) if method != "ar" else 0
     try:
         result = engine.generate(
             prompt,
@@ -201,7 +353,7 @@ def generate_json(
         )[0]
     finally:
         engine.close()
-    stats = generation_stats(result, p.get("k", 0) if method != "ar" else 0)
+    stats = generation_stats(result, k)
     stats.update({"method": method, "params": p, "temperature": temperature})
     return {"text": result.text, "tokens": result.tokens, "stats": stats}
 
@@ -256,6 +408,11 @@ def cli_generate(
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     params = dict(params)
     k = params.pop("k", METHODS.get(method, {}).get("k", 4))
+    if method in ("mars", "sdd-skip", "sdd-periodic"):
+        raise RelaxSpecError(
+            f"{method!r} skips the verifier, which vLLM cannot (it runs the target every step): "
+            "use --engine relaxspec"
+        )
     with stdout_to_stderr():
         out = generate_json(
             method,
@@ -270,6 +427,7 @@ def cli_generate(
             target=paths.get("target"),
             draft=paths.get("draft"),
             stop=stop,
+            paths=paths,
         )
     if as_json:
         print(json.dumps(out))
