@@ -3,6 +3,7 @@ tracker, the choice under load, and that adapting K never changes a lossless met
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -14,9 +15,11 @@ from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.draft_length import (
     AcceptanceTracker,
     GoodputDraftLength,
+    LiveStepCosts,
     StepCosts,
     best_draft_length,
     expected_tokens,
+    isotonic,
     measure_step_costs,
 )
 from relaxspec.errors import RelaxSpecError
@@ -98,8 +101,30 @@ def test_policy_uses_rows_and_probes_while_at_ar():
     assert sum(policy.chosen.values()) == 10
 
 
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=12))
+def test_isotonic_is_monotone_and_keeps_the_mean(values):
+    fitted = isotonic(values)
+    assert len(fitted) == len(values)
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(fitted))
+    assert sum(fitted) == pytest.approx(sum(values), rel=1e-9, abs=1e-9)
+    if values == sorted(values):
+        assert fitted == pytest.approx(values)
+
+
+def test_live_costs_follow_observed_forwards():
+    live = LiveStepCosts(StepCosts((1, 8, 64), (1.0, 2.0, 8.0)))
+    assert live(8) == 2.0  # no observation yet: the calibration
+    for _ in range(50):
+        live.observe(8, 4.0)  # the server is twice as slow as calibrated at 8 tokens
+    assert live(8) == pytest.approx(4.0, rel=1e-3)
+    assert live(64) == pytest.approx(16.0, rel=0.05)  # unobserved points follow the global ratio
+    live.observe(0, 1.0)
+    live.observe(4, float("nan"))  # ignored
+    assert live.observed == 50
+
+
 def test_measured_costs_are_positive_and_monotone(target):
-    costs = measure_step_costs(target.model, token_counts=(1, 4, 16), context=8, repeats=1)
+    costs = measure_step_costs(target.model, token_counts=(1, 4, 16), context=8, rounds=1)
     assert costs.tokens == (1, 4, 16)
     assert all(b >= a > 0 for a, b in zip(costs.seconds, costs.seconds[1:], strict=False))
 

@@ -127,3 +127,22 @@ def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
         tp1.close()
     assert [r.tokens for r in got] == [r.tokens for r in want]
     assert got[0].stats["plugin"]["relaxed_accepted"] == want[0].stats["plugin"]["relaxed_accepted"] > 0
+
+
+def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
+    import json
+
+    from relaxspec.errors import RelaxSpecError
+    from relaxspec.integrations.vllm.serve import parse_k_schedule, vllm_args
+
+    schedule = parse_k_schedule("1-4:4, 5-16:2,17-256:0")
+    assert schedule == [(1, 4, 4), (5, 16, 2), (17, 256, 0)]
+    assert parse_k_schedule("1:3,2-8:1") == [(1, 1, 3), (2, 8, 1)]
+    for bad in ["", "2-4:4", "1-4:4,6-9:1", "1-4", "1-x:2", "4-1:2", "1-4:-1"]:
+        with pytest.raises(RelaxSpecError, match="k-schedule"):
+            parse_k_schedule(bad)
+    argv, _ = vllm_args("nsd", {"theta": 0.9}, k=4, k_schedule=schedule)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 16, 2], [17, 256, 0]]
+    with pytest.raises(RelaxSpecError, match="more than k"):
+        vllm_args("nsd", {"theta": 0.9}, k=2, k_schedule=schedule)

@@ -11,10 +11,12 @@ row gains per cycle do not. :class:`GoodputDraftLength` picks, before each cycle
 
 where α_j is the measured rate at which draft position j is accepted given that positions
 ``< j`` were (:class:`AcceptanceTracker`, exponentially decayed so it follows the workload),
-``t_model(n)`` the measured seconds of one forward over n new tokens (:class:`StepCosts`,
-:func:`measure_step_costs`: matrix multiplies on a CPU cost far from linearly in n at small n),
-and B the number of rows that share the step (1 without batching). Because ``K = 0`` is always a
-candidate, the policy only speculates where it expects more tokens per second than AR.
+``t_model(n)`` the seconds of one forward over n new tokens (matrix multiplies on a CPU cost far
+from linearly in n at small n): measured once on an idle server (:func:`measure_step_costs`),
+then corrected by every real forward the server runs (:class:`LiveStepCosts`: load from other
+processes, batching holes), and B the number of rows that share the step (1 without batching).
+Because ``K = 0`` is always a candidate, the policy only speculates where it expects more tokens
+per second than AR.
 
 A policy that settles on K = 0 stops seeing acceptance data; every ``probe_every``-th such cycle
 it drafts anyway (its best K > 0) so that α keeps tracking the workload.
@@ -64,17 +66,73 @@ class StepCosts:
         return y[-1] + slope * (n_tokens - x[-1])
 
 
+@dataclass
+class LiveStepCosts:
+    """:class:`StepCosts` measured once (``prior``), corrected by the forwards actually run.
+
+    Each observed forward (n tokens, s seconds) moves the ratio ``s / prior(n)`` at the grid point
+    nearest n (in log₂ n) by an exponential moving average, and a global ratio used at grid
+    points never observed; the cost is ``prior(n)`` × the interpolated ratio. So what the server
+    runs today corrects the shape and the level of the calibration without a cost point it never
+    uses drifting apart from the ones it does.
+    """
+
+    prior: StepCosts
+    rate: float = 0.2
+    global_rate: float = 0.05
+    ratios: list[float | None] = field(default_factory=list)
+    global_ratio: float = 1.0
+    observed: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.ratios = [None] * len(self.prior.tokens)
+        self._log_tokens = np.log2(np.asarray(self.prior.tokens, dtype=float))
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens < 1 or not (seconds > 0) or not np.isfinite(seconds):
+            return
+        ratio = seconds / self.prior(n_tokens)
+        j = int(np.argmin(np.abs(self._log_tokens - np.log2(n_tokens))))
+        with self._lock:
+            old = self.ratios[j]
+            self.ratios[j] = ratio if old is None else old + self.rate * (ratio - old)
+            step = 1.0 if self.observed == 0 else self.global_rate
+            self.global_ratio += step * (ratio - self.global_ratio)
+            self.observed += 1
+
+    def __call__(self, n_tokens: float) -> float:
+        with self._lock:
+            ratios = [self.global_ratio if r is None else r for r in self.ratios]
+        ratio = float(np.interp(np.log2(max(n_tokens, 1.0)), self._log_tokens, ratios))
+        return self.prior(n_tokens) * ratio
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(int(c))]
+
+
 @torch.inference_mode()
 def measure_step_costs(
     model: PreTrainedModel,
     token_counts: Sequence[int] = TOKEN_COUNTS,
     context: int = 64,
-    repeats: int = 3,
+    rounds: int = 5,
 ) -> StepCosts:
-    """Time ``model``'s forward over n new tokens after a ``context``-token prefix (median of
-    ``repeats`` after one warm-up), for each n in ``token_counts``; returns :class:`StepCosts`.
+    """Time ``model``'s forward over n new tokens after a ``context``-token prefix, for each n in
+    ``token_counts``; returns :class:`StepCosts`.
 
-    Token counts that do not fit the model's context window are skipped.
+    One warm-up round, then ``rounds`` rounds over all n; each n keeps its fastest time (other
+    load only ever adds time, and interleaving the rounds keeps one burst of it from hitting
+    every measurement of one n), made non-decreasing in n by :func:`isotonic`. Token counts that
+    do not fit the model's context window are skipped.
     """
     limit = int(getattr(model.config, "max_position_embeddings", 2048))
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -84,19 +142,16 @@ def measure_step_costs(
     generator = torch.Generator().manual_seed(0)
     cache = new_cache(model)
     model_logits(model, torch.randint(0, vocab, (1, context), generator=generator), cache, 1)
-    seconds = []
-    for n in counts:
-        tokens = torch.randint(0, vocab, (1, n), generator=generator)
-        times = []
-        for _ in range(repeats + 1):
+    inputs = [torch.randint(0, vocab, (1, n), generator=generator) for n in counts]
+    fastest = [float("inf")] * len(counts)
+    for round_ in range(rounds + 1):
+        for i, tokens in enumerate(inputs):
             t0 = time.perf_counter()
-            model_logits(model, tokens, cache, n)
-            times.append(time.perf_counter() - t0)
+            model_logits(model, tokens, cache, tokens.shape[1])
+            if round_ > 0:  # round 0 warms up
+                fastest[i] = min(fastest[i], time.perf_counter() - t0)
             cache.crop(context)
-        seconds.append(max(float(np.median(times[1:])), 1e-7))
-    for i in range(1, len(seconds)):  # noise must not make more tokens look cheaper
-        seconds[i] = max(seconds[i], seconds[i - 1])
-    return StepCosts(tuple(counts), tuple(seconds))
+    return StepCosts(tuple(counts), tuple(max(s, 1e-7) for s in isotonic(fastest)))
 
 
 @dataclass
@@ -147,8 +202,11 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return total
 
 
+Costs = Callable[[float], float]  # seconds of one forward over n tokens
+
+
 def best_draft_length(
-    rates: Sequence[float], k_max: int, rows: int, target: StepCosts, draft: StepCosts
+    rates: Sequence[float], k_max: int, rows: int, target: Costs, draft: Costs
 ) -> tuple[int, list[float]]:
     """``(K*, goodput per K)``: tokens per second of one row for K = 0 .. k_max (module doc)."""
     goodput = []
@@ -167,8 +225,8 @@ class GoodputDraftLength:
     is learned across them.
     """
 
-    target_costs: StepCosts
-    draft_costs: StepCosts
+    target_costs: StepCosts | LiveStepCosts
+    draft_costs: StepCosts | LiveStepCosts
     k_max: int
     rows: Callable[[], int] = lambda: 1
     probe_every: int = 16

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -133,6 +134,22 @@ def cache_argument(module: torch.nn.Module, cache: DynamicCache) -> dict[str, Dy
     return {_cache_keyword(type(module)): cache}
 
 
+# Who wants the wall time of each forward of a model, by id(model): ``observer(tokens, seconds)``
+# with tokens = every input position of the forward (a batched forward's padding included). The
+# server's adaptive draft length learns its step costs from these (engine/draft_length.py).
+ForwardObserver = Callable[[int, float], None]
+_FORWARD_OBSERVERS: dict[int, ForwardObserver] = {}
+
+
+def observe_forwards(model: PreTrainedModel, observer: ForwardObserver | None) -> None:
+    """Report every later forward of ``model`` through :func:`model_logits` to ``observer``
+    (None: stop)."""
+    if observer is None:
+        _FORWARD_OBSERVERS.pop(id(model), None)
+    else:
+        _FORWARD_OBSERVERS[id(model)] = observer
+
+
 def model_logits(
     model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int = 0, **inputs
 ) -> torch.Tensor:
@@ -145,6 +162,8 @@ def model_logits(
     """
     device = model.device
     inputs = {name: x.to(device) for name, x in inputs.items()}
+    observer = _FORWARD_OBSERVERS.get(id(model))
+    started = time.perf_counter()
     out = model(
         input_ids=input_ids.to(device),
         use_cache=True,
@@ -152,7 +171,10 @@ def model_logits(
         **cache_argument(model, cache),
         **inputs,
     )
-    return out.logits.float()
+    logits = out.logits.float()
+    if observer is not None:
+        observer(int(input_ids.numel()), time.perf_counter() - started)
+    return logits
 
 
 class CachedLM:

@@ -23,7 +23,8 @@ from typing import Any
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import GenerationResult
 from relaxspec.engine.batching import Batcher
-from relaxspec.engine.draft_length import GoodputDraftLength, StepCosts, measure_step_costs
+from relaxspec.engine.draft_length import GoodputDraftLength, LiveStepCosts, measure_step_costs
+from relaxspec.engine.kv import observe_forwards
 from relaxspec.engine.proposers import DraftModel
 from relaxspec.errors import Cancelled, RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
@@ -61,7 +62,8 @@ class ServingPool:
     adaptive_k: draft-model methods choose each cycle's draft length in ``0 .. k`` for goodput
     from the number of running requests and the acceptance measured on this server
     (:mod:`relaxspec.engine.draft_length`; one policy per method, parameters and temperature).
-    The models' step costs are measured once, when the first such request arrives.
+    The models' step costs are measured at start-up (and for a model first used later, when its
+    first request arrives), then corrected by every forward the pool runs.
     """
 
     def __init__(
@@ -88,7 +90,7 @@ class ServingPool:
         self.stats = PoolStats()
         self.batcher = Batcher() if batching else None
         self.adaptive_k = adaptive_k
-        self._step_costs: dict[int, StepCosts] = {}  # id(model) -> measured forward seconds
+        self._step_costs: dict[int, LiveStepCosts] = {}  # id(model) -> forward seconds
         self._draft_lengths: dict[tuple, GoodputDraftLength] = {}
         self._adaptive_lock = threading.Lock()
         self._check_method_models(default_method)
@@ -100,10 +102,11 @@ class ServingPool:
     def _rows_per_step(self) -> int:
         return max(1, self.batcher.active) if self.batcher is not None else 1
 
-    def _costs(self, model: Any) -> StepCosts:
+    def _costs(self, model: Any) -> LiveStepCosts:
         costs = self._step_costs.get(id(model))
         if costs is None:
-            costs = self._step_costs[id(model)] = measure_step_costs(model)
+            costs = self._step_costs[id(model)] = LiveStepCosts(measure_step_costs(model))
+            observe_forwards(model, costs.observe)
         return costs
 
     def draft_length_policy(

@@ -18,6 +18,7 @@ vLLM's draft-model proposer, after setting, for every vLLM process it starts:
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 import tempfile
@@ -88,6 +89,28 @@ class StatsCollector:
             yield family
 
 
+def parse_k_schedule(text: str) -> list[tuple[int, int, int]]:
+    """``"1-4:4,5-16:2,17-256:0"`` -> vLLM's ``num_speculative_tokens_per_batch_size``
+    (inclusive batch-size ranges and the draft length for each; 0 = no speculation)."""
+    schedule = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        sizes, sep, k = item.partition(":")
+        low, dash, high = sizes.partition("-")
+        try:
+            entry = (int(low), int(high if dash else low), int(k))
+        except ValueError:
+            entry = None
+        if not sep or entry is None or entry[0] < 1 or entry[1] < entry[0] or entry[2] < 0:
+            raise RelaxSpecError(f"--k-schedule expects FIRST-LAST:K items like 1-4:4,5-64:0, got {item!r}")
+        schedule.append(entry)
+    if not schedule or schedule[0][0] != 1:
+        raise RelaxSpecError("--k-schedule must start at batch size 1, e.g. 1-4:4,5-64:0")
+    for (_, end, _), (start, _, _) in itertools.pairwise(schedule):
+        if start != end + 1:
+            raise RelaxSpecError("--k-schedule ranges must be contiguous and increasing, e.g. 1-4:4,5-64:0")
+    return schedule
+
+
 def vllm_args(
     method: str,
     params: dict[str, Any],
@@ -102,9 +125,14 @@ def vllm_args(
     max_model_len: int | None = None,
     tensor_parallel_size: int = 1,
     stock: bool = False,
+    k_schedule: Sequence[tuple[int, int, int]] | None = None,
     extra: Sequence[str] = (),
 ) -> tuple[list[str], RuleChoice | None]:
-    """The ``vllm serve`` command line for our settings, and the default rule (None for ``ar``)."""
+    """The ``vllm serve`` command line for our settings, and the default rule (None for ``ar``).
+
+    ``k_schedule``: vLLM's batch-size-dependent draft length (:func:`parse_k_schedule`); the
+    largest K in it must not exceed ``k``.
+    """
     name = "ar" if method == "ar" else canonical(method)
     rule = None if name == "ar" else RuleChoice(name, params)
     if name == "ar" and params:
@@ -136,6 +164,10 @@ def vllm_args(
             "num_speculative_tokens": k,
             "draft_sample_method": "greedy" if stock else "probabilistic",
         }
+        if k_schedule:
+            if max(entry[2] for entry in k_schedule) > k:
+                raise RelaxSpecError(f"--k-schedule asks for more than k = {k} draft tokens")
+            spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in k_schedule]
         argv += ["--speculative-config", json.dumps(spec)]
     return argv + list(extra), rule
 
@@ -200,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--max-model-len", type=int)
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--stock", action="store_true", help="vLLM without the plugin")
+    ap.add_argument("--k-schedule", help="draft length per batch size, e.g. 1-4:4,5-16:2,17-256:0")
     ns, extra = ap.parse_known_args(argv)
     params = {
         k: v
@@ -225,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         served_model_name=ns.served_model_name,
         max_model_len=ns.max_model_len,
         tensor_parallel_size=ns.tensor_parallel_size,
+        k_schedule=parse_k_schedule(ns.k_schedule) if ns.k_schedule else None,
         extra=extra,
     )
 
