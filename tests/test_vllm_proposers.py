@@ -150,12 +150,17 @@ def test_sdd_sampling_is_seeded_and_gets_real_q(sdd):
     assert sum(a[0].stats["plugin"]["accepted_per_pos"]) > 0
 
 
-def test_prove_gate_with_small_verifier_matches_our_engine():
+@pytest.fixture(scope="module")
+def prove_gate():
+    # A module fixture like the others: closing an in-process vLLM engine tears down the process's
+    # distributed state, which the other in-process engines still use.
     engine = VLLMEngine("gate", target=model_dir("draft"), proposer="block", k=8, theta=0.05, **COMMON)
-    try:
-        results = engine.generate(PROMPTS[:4], max_new_tokens=TOKENS)
-    finally:
-        engine.close()
+    yield engine
+    engine.close()
+
+
+def test_prove_gate_with_small_verifier_matches_our_engine(prove_gate):
+    results = prove_gate.generate(PROMPTS[:4], max_new_tokens=TOKENS)
     models = ModelSet(block=load_model(model_dir("block")), draft=load_model(model_dir("draft")))
     ours = build_engine("prove", models, block_size=8, theta=0.05)
     params = OurParams(temperature=0.0, max_new_tokens=TOKENS)
@@ -244,3 +249,67 @@ def test_cli_generate_engine_vllm_prove_lossless_json(tmp_path):
     out = json.loads(run.stdout)
     assert len(out["tokens"]) == 24 and out["stats"]["tau"] > 1
     assert out["stats"]["params"]["block_size"] == 8
+
+
+def test_prove_lossless_seeded_sampling_independent_of_batch(prove_lossless):
+    """At T > 0 the block drafter's drafts of a seeded request come from its own generator (K
+    rows per request under parallel drafting), so the request reproduces whatever runs beside it."""
+    solo = prove_lossless.generate(PROMPTS[0], max_new_tokens=16, temperature=1.0, seed=3)[0]
+    batch = prove_lossless.generate(PROMPTS[:3], max_new_tokens=16, temperature=1.0, seed=3)[0]
+    assert solo.tokens == batch.tokens
+    assert sum(solo.stats["plugin"]["accepted_per_pos"]) > 0  # real q: sampled drafts get accepted
+
+
+SERVED = [("prove-lossless", ["--block-size", "8"]), ("sdd", ["--accept", "exact", "--gamma", "8"])]
+
+
+@pytest.mark.parametrize("method, flags", SERVED)
+def test_server_serves_our_proposers(method, flags, tmp_path):
+    """`python -m relaxspec.integrations.vllm.serve --method prove-lossless|sdd` (vLLM's OpenAI server,
+    engine core in its own process: the block drafter's placeholder override and the custom diffusion
+    proposer both reach it); greedy completions, a per-request rule, relaxspec's counters on /metrics."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", "--method", method, *flags]
+    cmd += ["--port", str(port), "--max-model-len", "512"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.time() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(2)
+        body = {"model": "relaxspec", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
+        first = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
+        again = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
+        assert first["choices"][0]["text"] and first["choices"][0]["text"] == again["choices"][0]["text"]
+        xargs = {"rule": "topk", "accept_k": 3} if method == "sdd" else {"rule": "nsd", "theta": 0.5}
+        relaxed = httpx.post(f"{base}/v1/completions", json={**body, "vllm_xargs": xargs}, timeout=120)
+        assert relaxed.status_code == 200 and relaxed.json()["choices"][0]["text"]
+        bad = httpx.post(f"{base}/v1/completions", json={**body, "vllm_xargs": {"rule": "gate", "theta": -1}})
+        assert bad.status_code == 400
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        drafted = [line for line in metrics.splitlines() if line.startswith("relaxspec_drafts_total")]
+        assert drafted and any(float(line.split()[-1]) > 0 for line in drafted)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

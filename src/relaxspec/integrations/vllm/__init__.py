@@ -31,6 +31,7 @@ import functools
 import importlib.util
 import logging
 import os
+import threading
 from typing import Any
 
 from relaxspec.errors import RelaxSpecError
@@ -95,6 +96,7 @@ def register() -> None:
 
 
 _MISSING = object()
+_drafting = threading.local()  # rows_per_request: K under parallel drafting (see _reseed_drafts)
 
 
 def _patch(owner: Any, name: str, new: Any) -> None:
@@ -177,7 +179,11 @@ def _install_proposer_hooks(proposer_mod: Any, worker_base: Any, runner_cls: Any
 
     @functools.wraps(original_sample_drafts)
     def _sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -> Any:
-        ids, probs = original_sample_drafts(self, hidden_states, sampling_metadata)
+        _drafting.rows_per_request = self.num_speculative_tokens if self.parallel_drafting else 1
+        try:
+            ids, probs = original_sample_drafts(self, hidden_states, sampling_metadata)
+        finally:
+            _drafting.rows_per_request = 1
         if probs is None:
             probs = proposers.greedy_draft_probs(self, hidden_states, sampling_metadata)
         return ids, probs
@@ -233,21 +239,27 @@ def _cpu_kernel_overrides() -> bool:
 
 
 def _reseed_drafts(next_ids: Any, probs: Any, sampling_metadata: Any) -> Any:
-    """Redraw the drafts of seeded, sampling rows from their own generators (one row per request)."""
+    """Redraw the drafts of seeded, sampling rows from their own generators.
+
+    One row per request — or, with parallel drafting (the block proposer), K consecutive rows per
+    request (vLLM repeats each request's temperature K times; the drafter tells us K in
+    ``_drafting``), redrawn in order from that request's generator.
+    """
     import torch
 
     gens = sampling_metadata.generators
     temperature = sampling_metadata.temperature
-    if (
-        not gens
-        or sampling_metadata.all_greedy
-        or temperature is None
-        or probs.shape[0] != temperature.shape[0]
-    ):
+    if not gens or sampling_metadata.all_greedy or temperature is None:
         return next_ids
+    if probs.shape[0] != temperature.shape[0]:
+        return next_ids
+    factor = getattr(_drafting, "rows_per_request", 1)
+    if probs.shape[0] % factor:
+        factor = 1
     for i, gen in gens.items():
-        if i < probs.shape[0] and float(temperature[i]) > 1e-5:
-            next_ids[i] = torch.multinomial(probs[i], 1, generator=gen).to(next_ids.dtype)[0]
+        for row in range(i * factor, (i + 1) * factor):
+            if row < probs.shape[0] and float(temperature[row]) > 1e-5:
+                next_ids[row] = torch.multinomial(probs[row], 1, generator=gen).to(next_ids.dtype)[0]
     return next_ids
 
 

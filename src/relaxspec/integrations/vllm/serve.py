@@ -127,12 +127,25 @@ def vllm_args(
     stock: bool = False,
     k_schedule: Sequence[tuple[int, int, int]] | None = None,
     extra: Sequence[str] = (),
+    paths: dict[str, Any] | None = None,
 ) -> tuple[list[str], RuleChoice | None]:
     """The ``vllm serve`` command line for our settings, and the default rule (None for ``ar``).
 
     ``k_schedule``: vLLM's batch-size-dependent draft length (:func:`parse_k_schedule`); the
     largest K in it must not exceed ``k``.
     """
+    from relaxspec.integrations.vllm import runners
+
+    if method in runners.PROPOSER_METHODS:  # our proposers inside vLLM (.proposers); paths by role
+        if stock or k_schedule:
+            raise RelaxSpecError(f"{method!r} needs the relaxspec plugin and takes no --stock / --k-schedule")
+        where = {"target": target, "draft": draft}
+        where.update({r: v for r, v in (paths or {}).items() if v is not None})
+        argv, choice = runners.proposer_serve_args(
+            method, params, where, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+            max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+        )  # fmt: skip
+        return argv + list(extra), choice
     name = "ar" if method == "ar" else canonical(method)
     rule = None if name == "ar" else RuleChoice(name, params)
     if name == "ar" and params:
@@ -207,6 +220,12 @@ def serve(
 
     parser = make_arg_parser(FlexibleArgumentParser(description="relaxspec serve --engine vllm"))
     args = parser.parse_args(argv)
+    from relaxspec.integrations.vllm import runners
+
+    if runners.needs_mars_overrides(method):  # the block proposer's placeholder id (.proposers)
+        from relaxspec.integrations.vllm.proposers import mars_hf_overrides
+
+        args.hf_overrides = mars_hf_overrides
     validate_parsed_serve_args(args)
     uvloop.run(run_server(args))
 
@@ -233,6 +252,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--stock", action="store_true", help="vLLM without the plugin")
     ap.add_argument("--k-schedule", help="draft length per batch size, e.g. 1-4:4,5-16:2,17-256:0")
+    # prove-lossless / prove / sdd: our proposers inside vLLM (relaxspec.integrations.vllm.proposers)
+    for flag, typ in (("--block-size", int), ("--gamma", int), ("--steps", int), ("--reveal", str),
+                      ("--accept", str), ("--block", str), ("--diffusion", str)):  # fmt: skip
+        ap.add_argument(flag, type=typ)
     ns, extra = ap.parse_known_args(argv)
     params = {
         k: v
@@ -242,6 +265,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             "epsilon": ns.epsilon,
             "delta": ns.delta,
             "ell": ns.ell,
+            "block_size": ns.block_size,
+            "gamma": ns.gamma,
+            "steps": ns.steps,
+            "reveal": ns.reveal,
+            "accept": ns.accept,
         }.items()
         if v is not None
     }
@@ -260,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tensor_parallel_size=ns.tensor_parallel_size,
         k_schedule=parse_k_schedule(ns.k_schedule) if ns.k_schedule else None,
         extra=extra,
+        paths={"block": ns.block, "diffusion": ns.diffusion},
     )
 
 
