@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from relaxspec.data.corpus import CorpusConfig, build_corpus, read_jsonl
 from relaxspec.data.mathgen import EVAL_SEED_START, MAX_VALUE, extract_answer, generate_problem
 from relaxspec.errors import RelaxSpecError
+from relaxspec.models import load_model
 from relaxspec.testing import run_cli
 from relaxspec.train.ar import export_checkpoint, train_ar
 from relaxspec.train.tokenizer import MASK, load_tokenizer, train_tokenizer
@@ -229,3 +230,22 @@ def test_mixture_override_is_used_and_recorded(corpus, tokenizer_dir, tmp_path):
         )  # fmt: skip
     bad = run_cli("train", "ar", "--config", "tiny", "--mixture", "math=a", "--corpus", str(corpus))
     assert bad.returncode != 0 and "--mixture expects" in bad.stderr
+
+
+def test_init_starts_from_a_model_and_refuses_another_architecture(corpus, tokenizer_dir, tmp_path):
+    overrides = {"steps": 2, "batch_size": 2, "seq_len": 32, "lr": 1e-12, "warmup": 0}
+
+    def run(name: str, preset: str = "tiny", lr: float = 1e-12, **kwargs):
+        settings = {**overrides, "lr": lr}
+        run_dir = tmp_path / name
+        return train_ar(preset, corpus, tokenizer_dir, run_dir, overrides=settings, progress=False, **kwargs)
+
+    run("base", lr=0.05, export_dir=tmp_path / "m")  # moved away from the seed's initialisation
+    tuned, _ = run("ft", init=tmp_path / "m")
+    fresh, _ = run("fresh")
+    exported = load_model(tmp_path / "m").model.state_dict()
+    for name, weight in tuned.state_dict().items():  # lr ~ 0: the run starts (and stays) at the init
+        torch.testing.assert_close(weight, exported[name].float(), atol=1e-2, rtol=0)
+    assert any(not torch.allclose(w, tuned.state_dict()[n], atol=1e-2) for n, w in fresh.state_dict().items())
+    with pytest.raises(RelaxSpecError, match="cannot init"):
+        run("bad", preset="draft", init=tmp_path / "m")

@@ -283,6 +283,9 @@ def train_ar_cmd(
         str | None,
         typer.Option(help="source weights: math, code, synthcode, math_broad (default math=0.7,code=0.3)"),
     ] = None,
+    init: Annotated[
+        Path | None, typer.Option(help="start from this model's weights (fine-tune; same preset)")
+    ] = None,
     set_: TrainSetOpt = None,
 ) -> None:
     """Train (or resume) a Llama-style causal LM preset with the shared loop."""
@@ -307,6 +310,7 @@ def train_ar_cmd(
         overrides=overrides,
         command=shlex.join(["relaxspec", *sys.argv[1:]]),
         mixture=_parse_mixture(mixture) if mixture is not None else None,
+        init=init,
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 

@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from relaxspec.data.tokens import training_data
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.evaluate import heldout_losses
+from relaxspec.models import load_model
 from relaxspec.train.cards import write_card
 from relaxspec.train.loop import TrainConfig, TrainState, finished_run_record, make_config, train
 from relaxspec.train.tokenizer import load_tokenizer
@@ -170,6 +171,15 @@ def export_checkpoint(
     return export_model(model, tokenizer, out_dir, extra={**run, **finished_run_record(model, config, state)})
 
 
+def _load_initial_weights(model: LlamaForCausalLM, init: str | Path) -> None:
+    source = load_model(init).model
+    mine, theirs = model.state_dict(), source.state_dict()
+    shapes = {name: tuple(t.shape) for name, t in mine.items()}
+    if {name: tuple(t.shape) for name, t in theirs.items() if name in shapes} != shapes:
+        raise RelaxSpecError(f"{init} does not match this preset's architecture and vocabulary; cannot init")
+    model.load_state_dict({name: theirs[name].float() for name in mine})
+
+
 def train_ar(
     preset_name: str,
     corpus_dir: str | Path,
@@ -180,12 +190,14 @@ def train_ar(
     progress: bool = True,
     command: str | None = None,
     mixture: dict[str, float] | None = None,
+    init: str | Path | None = None,
 ) -> tuple[LlamaForCausalLM, TrainState]:
     """Train (or resume) a preset; export it to ``export_dir`` when the run is complete.
 
     ``mixture`` overrides the sources' sampling weights (default :data:`MIXTURE`), e.g. more code
     for a drafter meant for code prompts; resuming with other weights continues from the
-    checkpoint on the new mixture.
+    checkpoint on the new mixture. ``init``: a model directory of the same preset and tokenizer
+    whose weights the run starts from (fine-tuning; a checkpoint in ``run_dir`` still wins).
     """
     if preset_name not in PRESETS:
         raise RelaxSpecError(f"unknown model config {preset_name!r}; choose from {sorted(PRESETS)}")
@@ -201,11 +213,14 @@ def train_ar(
     mixture_data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=32)
     torch.manual_seed(config.seed)
     model = LlamaForCausalLM(llama_config(preset, tokenizer))
+    if init is not None:
+        _load_initial_weights(model, init)
     record = {
         "command": command or f"relaxspec train ar --config {preset_name}",
         "preset": preset_name,
         "model": asdict(preset),
         "mixture": weights,
+        "init": str(init) if init is not None else None,
         "stream_tokens": {k: len(v) for k, v in mixture_data.streams.items()},
     }
     (Path(run_dir)).mkdir(parents=True, exist_ok=True)
