@@ -231,7 +231,8 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
     assert strict.engine_key({}) == lenient.engine_key({})
     assert runners.resolve("vllm-ar", {"model": "block"})["model"] == "block"
     for name, bad in (("sdd", {"accept": "gate"}), ("sdd", {"gamma": 0}), ("prove", {"theta": -1}),
-                      ("prove-lossless", {"k": 4}), ("vllm-ar", {"model": "x"})):  # fmt: skip
+                      ("prove-lossless", {"k": 4}), ("vllm-ar", {"model": "x"}),
+                      ("sd", {"proposer": "diffusion"})):  # fmt: skip
         with pytest.raises(RelaxSpecError):
             runners.resolve(name, bad)
 
@@ -313,3 +314,27 @@ def test_server_serves_our_proposers(method, flags, tmp_path):
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def mars_sd():
+    engine = VLLMEngine("sd", proposer="block", k=8, **COMMON)  # target = models/target
+    yield engine
+    engine.close()
+
+
+def test_mars_drafted_sd_is_lossless_against_the_target(mars_sd, target_ar):
+    """The block proposer drafting for the target (fine-tuned from it) through parallel drafting:
+    greedy sd equals the target's AR; a relaxed rule per request accepts more."""
+    from relaxspec.integrations.vllm import runners
+
+    plan = runners.engine_plan("sd", runners.resolve("sd", {"proposer": "block", "k": 8}))
+    assert (plan.proposer, plan.target_role, plan.proposer_role) == ("block", "target", "block")
+    prompts = PROMPTS[:2] + PROMPTS[4:6]
+    results = mars_sd.generate(prompts, max_new_tokens=TOKENS)
+    assert [_strip(r.tokens) for r in results] == [
+        _strip(r.tokens) for r in target_ar.generate(prompts, max_new_tokens=TOKENS)
+    ]
+    assert sum(r.stats["tau"] for r in results) / len(results) > 1.5
+    relaxed = mars_sd.generate(prompts, max_new_tokens=TOKENS, rule={"rule": "nsd", "theta": 0.9})
+    assert relaxed[0].stats["plugin"]["relaxed_accepted"] > 0

@@ -61,7 +61,14 @@ SDD_ACCEPT = {"exact": ("sd", ()), "lenience": ("lenience", ("ell",)), "topk": (
 AR_MODELS = ("target", "block", "draft")
 # Stock vLLM peers (plugin disabled).
 PEERS: dict[str, dict[str, Any]] = {"vllm-ar": {}, "vllm-sd": {"k": 4}}
-PEER_OPTIONAL: dict[str, dict[str, Any]] = {"vllm-ar": {"model": "target"}}
+# Optional parameters (not in the defaults, so existing rows keep their identity): the AR model of
+# vllm-ar, and the drafter of the draft-model rules (``proposer=block``: MARS-drafted sd / nsd / ...
+# against the target, block size = k).
+PEER_OPTIONAL: dict[str, dict[str, Any]] = {
+    "vllm-ar": {"model": "target"},
+    **{m: {"proposer": "draft"} for m in ("sd", "nsd", "topk", "typical", "lenience")},
+}
+RULE_PROPOSERS = ("draft", "block")
 PEER_NEEDS: dict[str, tuple[str, ...]] = {"vllm-ar": ("target",), "vllm-sd": ("target", "draft")}
 PEER_SUMMARY = {
     "vllm-ar": "stock vLLM (relaxspec plugin disabled), autoregressive",
@@ -91,6 +98,8 @@ def resolve(name: str, params: dict[str, Any]) -> dict[str, Any]:
     k = out.get("k", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RelaxSpecError(f"k of {name!r} must be an integer >= 1, got {k!r}")
+    if out.get("proposer", "draft") not in RULE_PROPOSERS:
+        raise RelaxSpecError(f"proposer of {name!r} must be draft or block, got {out['proposer']!r}")
     if "model" in out and out["model"] not in AR_MODELS:
         raise RelaxSpecError(f"model of {name!r} must be one of {', '.join(AR_MODELS)}, got {out['model']!r}")
     if name in PROPOSER_METHODS:
@@ -167,6 +176,8 @@ def engine_plan(name: str, p: dict[str, Any], paths: dict[str, Any] | None = Non
         return EnginePlan(rule, rule_params, "diffusion", gamma, "target", "diffusion", options)
     if name in METHODS and name != "ar":
         rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
+        if p.get("proposer", "draft") == "block":  # MARS-drafted: parallel drafting against the target
+            return EnginePlan(canonical(name), rule_params, "block", int(p["k"]), "target", "block")
         return EnginePlan(canonical(name), rule_params, "draft", int(p["k"]))
     raise RelaxSpecError(f"method {name!r} has no vLLM engine plan")
 
@@ -319,8 +330,9 @@ def generate_json(
     ``paths``: model directories by role (``block``, ``diffusion``, ...) for the ProVe / SDD rows.
     """
     paths = {"target": target, "draft": draft, **{r: v for r, v in (paths or {}).items() if v is not None}}
-    if method in PROPOSER_METHODS:
-        p = resolve(method, dict(params or {}))
+    if method in PROPOSER_METHODS or (params or {}).get("proposer", "draft") != "draft":
+        given = dict(params or {}) if method in PROPOSER_METHODS else {"k": k, **(params or {})}
+        p = resolve(method, given)
         plan = engine_plan(method, p, paths)
         engine = VLLMEngine(
             plan.rule,
