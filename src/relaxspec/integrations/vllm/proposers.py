@@ -41,7 +41,7 @@ and moves :meth:`DiffusionDrafter.take_last_draft_probs` into the runner's draft
 afterwards (``relaxspec.integrations.vllm._install``).
 
 Memory outside vLLM's KV budget (``VLLM_CPU_KVCACHE_SPACE``): the drafter's weights (float32,
-~7.5M parameters = ~30 MB for the bundled one) once per worker, plus per live request its context
+5.1M parameters = 20 MB for the bundled one) once per worker, plus per live request its context
 cache: ``2 · layers · hidden · 4`` bytes per cached token (6 KiB for the bundled drafter;
 buffers start at 256 positions and double, so 1.5 MiB for a short request, at most 6 MiB at the
 1024-token context). :meth:`DiffusionDrafter.state_info` reports the live bytes.
