@@ -56,6 +56,7 @@ METHODS: dict[str, dict[str, Any]] = {
     },
 }
 PROPOSER_METHODS = ("prove-lossless", "prove", "sdd")
+SKIPPING_METHODS = ("mars", "sdd-skip", "sdd-periodic")  # verifier skipping stays in our engine
 SDD_ACCEPT = {"exact": ("sd", ()), "lenience": ("lenience", ("ell",)), "topk": ("topk", ("accept_k",)),
               "nucleus": ("nsd", ("theta",))}  # fmt: skip
 AR_MODELS = ("target", "block", "draft")
@@ -83,6 +84,11 @@ def is_peer(name: str) -> bool:
 def resolve(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """Validated parameters of a vLLM row (unknown method / parameter / value: clear error)."""
     table = PEERS if is_peer(name) else METHODS
+    if name in SKIPPING_METHODS:
+        raise RelaxSpecError(
+            f"{name!r} commits tokens without the verifier, which vLLM cannot (it runs the target on "
+            "every step): use --engine relaxspec (docs/vllm-proposers.md)"
+        )
     if name not in table:
         raise RelaxSpecError(
             f"method {name!r} does not run inside vLLM; vLLM rows: {', '.join([*METHODS, *PEERS])}"
@@ -465,11 +471,8 @@ def cli_generate(
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     params = dict(params)
     k = params.pop("k", METHODS.get(method, {}).get("k", 4))
-    if method in ("mars", "sdd-skip", "sdd-periodic"):
-        raise RelaxSpecError(
-            f"{method!r} skips the verifier, which vLLM cannot (it runs the target every step): "
-            "use --engine relaxspec"
-        )
+    if method in SKIPPING_METHODS:
+        resolve(method, {})  # the clear error
     with stdout_to_stderr():
         out = generate_json(
             method,
