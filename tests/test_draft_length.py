@@ -21,6 +21,7 @@ from relaxspec.engine.draft_length import (
     expected_tokens,
     isotonic,
     measure_step_costs,
+    rows_bucket,
 )
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine
@@ -77,15 +78,19 @@ def test_tracker_follows_a_changed_workload():
     assert tracker.rates()[0] < 0.01
 
 
+def forward_seconds(rows: int, target: StepCosts, draft: StepCosts):
+    return lambda k: target(rows * (k + 1)) + k * draft(rows)
+
+
 def test_choice_speculates_when_verifying_is_cheap_and_not_when_compute_bound():
     high = [0.9] * 8
-    assert best_draft_length(high, 8, 1, FLAT, StepCosts((1, 2), (0.01, 0.02)))[0] == 8
+    assert best_draft_length(high, 8, forward_seconds(1, FLAT, StepCosts((1, 2), (0.01, 0.02))))[0] == 8
     # cost ∝ tokens and a free draft: E[tokens | K] / (K + 1) < 1 for any α < 1, so AR wins
-    k, goodput = best_draft_length(high, 8, 1, LINEAR, StepCosts((1, 2), (1e-6, 2e-6)))
+    k, goodput = best_draft_length(high, 8, forward_seconds(1, LINEAR, StepCosts((1, 2), (1e-6, 2e-6))))
     assert k == 0 and goodput[0] == pytest.approx(1.0)
     # the same models: fixed overhead dominates for one row, compute dominates for 64 rows
-    assert best_draft_length(high, 8, 1, CPU, CHEAP_DRAFT)[0] >= 4
-    assert best_draft_length(high, 8, 64, CPU, CHEAP_DRAFT)[0] == 0
+    assert best_draft_length(high, 8, forward_seconds(1, CPU, CHEAP_DRAFT))[0] >= 4
+    assert best_draft_length(high, 8, forward_seconds(64, CPU, CHEAP_DRAFT))[0] == 0
 
 
 def test_policy_uses_rows_and_probes_while_at_ar():
@@ -121,6 +126,28 @@ def test_live_costs_follow_observed_forwards():
     live.observe(0, 1.0)
     live.observe(4, float("nan"))  # ignored
     assert live.observed == 50
+
+
+def test_measured_cycles_override_the_forward_prediction():
+    rows = {"n": 1}
+    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_every=1000)
+    for _ in range(20):
+        policy.observe(4, 4)
+    assert policy.choose(4) == 4  # forwards alone: speculation pays
+    # but whole cycles with drafts measure 10x their forwards (per-row work, waits): AR wins
+    for k in range(1, 5):
+        for _ in range(30):
+            policy.observe_cycle(k, 10 * policy.predicted_seconds(1, k))
+    for _ in range(30):
+        policy.observe_cycle(0, policy.predicted_seconds(1, 0))
+    assert policy.choose(4) == 0
+    # another batch size: unmeasured cells use that bucket's ratio, else the global one
+    rows["n"] = 6
+    costs = policy.cycles
+    assert costs.estimate(3, 2, 1.0) == pytest.approx(costs.global_ratio)
+    costs.observe(3, 0, 2.0, 1.0)
+    assert costs.estimate(3, 1, 1.0) == pytest.approx(2.0)
+    assert rows_bucket(1) == 0 and rows_bucket(2) == 1 and rows_bucket(4) == 2 and rows_bucket(5) == 3
 
 
 def test_measured_costs_are_positive_and_monotone(target):

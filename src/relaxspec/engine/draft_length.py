@@ -6,7 +6,7 @@ row gains per cycle do not. :class:`GoodputDraftLength` picks, before each cycle
 ``0 .. k_max`` (0 = a plain AR step) that maximises expected committed tokens per *second*:
 
     E[tokens | K] = Σ_{i=0}^{K} Π_{j=1}^{i} α_j        (the i = 0 term: the bonus / recovered token)
-    T(K, B)       = t_target(B·(K+1)) + K · t_draft(B)
+    T(K, B)       = t_target(B·(K+1)) + K · t_draft(B)        (predicted; then measured, below)
     K*            = argmax_K  E[tokens | K] / T(K, B)
 
 where α_j is the measured rate at which draft position j is accepted given that positions
@@ -15,8 +15,12 @@ where α_j is the measured rate at which draft position j is accepted given that
 from linearly in n at small n): measured once on an idle server (:func:`measure_step_costs`),
 then corrected by every real forward the server runs (:class:`LiveStepCosts`: load from other
 processes, batching holes), and B the number of rows that share the step (1 without batching).
-Because ``K = 0`` is always a candidate, the policy only speculates where it expects more tokens
-per second than AR.
+Forwards are not the whole cycle: sampling and the rule over K + 1 full-vocabulary rows, text
+and stop strings, and the wait for the other rows of a lockstep batch all grow with B and K. So
+the policy also times every whole cycle (:class:`CycleCosts`): where a (B, K) cell was measured,
+its measured seconds replace the prediction; elsewhere the prediction is scaled by the measured /
+predicted ratio of B's bucket. Because ``K = 0`` is always a candidate, the policy only
+speculates where it expects more tokens per second than AR.
 
 A policy that settles on K = 0 stops seeing acceptance data; every ``probe_every``-th such cycle
 it drafts anyway (its best K > 0) so that α keeps tracking the workload.
@@ -206,14 +210,51 @@ Costs = Callable[[float], float]  # seconds of one forward over n tokens
 
 
 def best_draft_length(
-    rates: Sequence[float], k_max: int, rows: int, target: Costs, draft: Costs
+    rates: Sequence[float], k_max: int, seconds: Callable[[int], float]
 ) -> tuple[int, list[float]]:
-    """``(K*, goodput per K)``: tokens per second of one row for K = 0 .. k_max (module doc)."""
-    goodput = []
-    for k in range(k_max + 1):
-        seconds = target(rows * (k + 1)) + k * draft(rows)
-        goodput.append(expected_tokens(rates, k) / seconds)
+    """``(K*, goodput per K)``: expected tokens per second for K = 0 .. k_max, where
+    ``seconds(K)`` is the time of one cycle at draft length K (module doc)."""
+    goodput = [expected_tokens(rates, k) / seconds(k) for k in range(k_max + 1)]
     return int(np.argmax(goodput)), goodput
+
+
+def rows_bucket(rows: int) -> int:
+    """Batch sizes grouped by powers of two: 1, 2, 3–4, 5–8, … -> 0, 1, 2, 3, …"""
+    return max(0, int(rows - 1).bit_length())
+
+
+@dataclass
+class CycleCosts:
+    """Measured seconds of whole cycles, per (batch-size bucket, K), as exponential averages.
+
+    ``estimate`` returns the measured cell where there is one, else ``predicted`` × the bucket's
+    measured / predicted ratio (the global ratio for a bucket never seen, 1 before any cycle).
+    """
+
+    rate: float = 0.1
+    cells: dict[tuple[int, int], float] = field(default_factory=dict)
+    ratios: dict[int, float] = field(default_factory=dict)
+    global_ratio: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.rate * (new - old)
+
+    def observe(self, bucket: int, k: int, seconds: float, predicted: float) -> None:
+        if not (seconds > 0) or not np.isfinite(seconds) or not (predicted > 0):
+            return
+        with self._lock:
+            self.cells[(bucket, k)] = self._ema(self.cells.get((bucket, k)), seconds)
+            self.ratios[bucket] = self._ema(self.ratios.get(bucket), seconds / predicted)
+            self.global_ratio = self._ema(self.global_ratio, seconds / predicted)
+
+    def estimate(self, bucket: int, k: int, predicted: float) -> float:
+        with self._lock:
+            measured = self.cells.get((bucket, k))
+            if measured is not None:
+                return measured
+            ratio = self.ratios.get(bucket, self.global_ratio if self.global_ratio is not None else 1.0)
+        return predicted * ratio
 
 
 @dataclass
@@ -231,6 +272,7 @@ class GoodputDraftLength:
     rows: Callable[[], int] = lambda: 1
     probe_every: int = 16
     tracker: AcceptanceTracker | None = None
+    cycles: CycleCosts = field(default_factory=CycleCosts)
     chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
     _ar_streak: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -247,8 +289,12 @@ class GoodputDraftLength:
         if cap == 0:
             return 0
         assert self.tracker is not None
+        rows = max(1, self.rows())
+        bucket = rows_bucket(rows)
         k, goodput = best_draft_length(
-            self.tracker.rates(), cap, max(1, self.rows()), self.target_costs, self.draft_costs
+            self.tracker.rates(),
+            cap,
+            lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
         )
         with self._lock:
             if k == 0:
@@ -260,6 +306,16 @@ class GoodputDraftLength:
             self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
+    def predicted_seconds(self, rows: int, k: int) -> float:
+        """``T(K, B)`` from the forward costs alone (module doc)."""
+        return self.target_costs(rows * (k + 1)) + k * self.draft_costs(rows)
+
     def observe(self, proposed: int, accepted: int) -> None:
+        """A verified cycle's outcome (acceptance)."""
         assert self.tracker is not None
         self.tracker.observe(proposed, accepted)
+
+    def observe_cycle(self, k: int, seconds: float) -> None:
+        """The wall time of a whole cycle run at draft length ``k`` with the current batch."""
+        rows = max(1, self.rows())
+        self.cycles.observe(rows_bucket(rows), k, seconds, self.predicted_seconds(rows, k))

@@ -253,8 +253,10 @@ class Engine:
             # A verified cycle can emit k + 1 tokens (recovered/bonus); Gate and always-commit
             # schedulers (MARS) emit at most k, so the last token of the budget is drafted too.
             k = min(self.k, remaining - self._extra_token(rule)) if self.proposer is not None else 0
-            if self.draft_length is not None and k > 0:
-                k = self.draft_length.choose(k)
+            adapt = self.draft_length if k > 0 else None
+            if adapt is not None:
+                k = adapt.choose(k)
+                cycle_started = _now(self.device)
             record = self._cycle(ids, k, run)
             run.state.rounds += 1
             run.stats.cycles += 1
@@ -265,6 +267,8 @@ class Engine:
             generated += len(chunk)
             if on_chunk is not None and chunk:
                 on_chunk(text.delta(final=finish != "length"), chunk)
+            if adapt is not None:  # the whole cycle, waits on a shared batch and text work included
+                adapt.observe_cycle(k, _now(self.device) - cycle_started)
             if finish != "length":
                 break
             # Roll every cache back to the committed tokens it may keep (all but the last).
