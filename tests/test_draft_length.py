@@ -93,17 +93,24 @@ def test_choice_speculates_when_verifying_is_cheap_and_not_when_compute_bound():
     assert best_draft_length(high, 8, forward_seconds(64, CPU, CHEAP_DRAFT))[0] == 0
 
 
-def test_policy_uses_rows_and_probes_while_at_ar():
-    rows = {"n": 1}
-    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=8, rows=lambda: rows["n"], probe_every=4)
+def test_policy_uses_rows_and_probes_in_windows_while_at_ar():
+    rows, now = {"n": 1}, {"t": 0.0}
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=8, rows=lambda: rows["n"], probe_interval=5.0, probe_window=0.5,
+        clock=lambda: now["t"],
+    )  # fmt: skip
     for _ in range(20):
         policy.observe(8, 8)
     assert policy.choose(8) >= 4
     assert policy.choose(2) <= 2 and policy.choose(0) == 0
     rows["n"] = 64
-    picks = [policy.choose(8) for _ in range(8)]
-    assert picks.count(0) == 6 and all(k > 0 for k in (picks[3], picks[7]))  # every 4th probes
-    assert sum(policy.chosen.values()) == 10
+    picks = []
+    for _ in range(24):  # one choice every 0.25 s
+        picks.append(policy.choose(8))
+        now["t"] += 0.25
+    # AR from t = 0; at t = 5 a probe window of 0.5 s: every row drafts (two choices here)
+    assert picks[:20] == [0] * 20 and picks[20] > 0 and picks[21] > 0 and picks[22:] == [0, 0]
+    assert sum(policy.chosen.values()) == 26
 
 
 @given(st.lists(st.floats(0, 100), min_size=1, max_size=12))
@@ -130,7 +137,7 @@ def test_live_costs_follow_observed_forwards():
 
 def test_measured_cycles_override_the_forward_prediction():
     rows = {"n": 1}
-    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_every=1000)
+    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9)
     for _ in range(20):
         policy.observe(4, 4)
     assert policy.choose(4) == 4  # forwards alone: speculation pays
@@ -158,7 +165,10 @@ def test_measured_costs_are_positive_and_monotone(target):
 
 @pytest.mark.parametrize("rows", [1, 64])
 def test_adaptive_greedy_sd_is_token_identical_to_ar(target, draft, rows):
-    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=6, rows=lambda: rows, probe_every=3)
+    ticks = iter(range(10**6))  # a clock that advances one second per choice
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=6, rows=lambda: rows, probe_interval=3, clock=lambda: float(next(ticks))
+    )
     sd = build_engine("sd", target, draft, k=6)
     sd.draft_length = policy
     ar = build_engine("ar", target)

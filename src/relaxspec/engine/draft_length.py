@@ -22,8 +22,11 @@ its measured seconds replace the prediction; elsewhere the prediction is scaled 
 predicted ratio of B's bucket. Because ``K = 0`` is always a candidate, the policy only
 speculates where it expects more tokens per second than AR.
 
-A policy that settles on K = 0 stops seeing acceptance data; every ``probe_every``-th such cycle
-it drafts anyway (its best K > 0) so that α keeps tracking the workload.
+A policy that settles on K = 0 stops seeing acceptance data; after ``probe_interval`` seconds at
+K = 0 it drafts anyway (its best K > 0) for a ``probe_window``, so that α and the cycle costs of
+K > 0 keep tracking the workload. Probes are windows of time, not every n-th choice, so that all
+rows of a lockstep batch probe together: one drafting row would make the others' AR steps wait
+for it and make AR look as slow as speculation.
 """
 
 from __future__ import annotations
@@ -270,11 +273,14 @@ class GoodputDraftLength:
     draft_costs: StepCosts | LiveStepCosts
     k_max: int
     rows: Callable[[], int] = lambda: 1
-    probe_every: int = 16
+    probe_interval: float = 5.0  # seconds at K = 0 before a probe
+    probe_window: float = 0.5  # seconds a probe lasts
+    clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
     chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
-    _ar_streak: int = 0
+    _ar_since: float | None = None
+    _probe_until: float = float("-inf")
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -296,13 +302,18 @@ class GoodputDraftLength:
             cap,
             lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
         )
+        best_drafting = 1 + int(np.argmax(goodput[1:]))
         with self._lock:
-            if k == 0:
-                self._ar_streak += 1
-                if self._ar_streak % self.probe_every == 0:  # keep α measured
-                    k = 1 + int(np.argmax(goodput[1:]))
-            else:
-                self._ar_streak = 0
+            now = self.clock()
+            if now < self._probe_until:
+                k = best_drafting
+            elif k > 0:
+                self._ar_since = None
+            elif self._ar_since is None:
+                self._ar_since = now
+            elif now - self._ar_since >= self.probe_interval:  # keep α and the K > 0 costs measured
+                self._ar_since, self._probe_until = None, now + self.probe_window
+                k = best_drafting
             self.chosen[k] = self.chosen.get(k, 0) + 1
         return k
 
