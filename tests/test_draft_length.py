@@ -137,7 +137,9 @@ def test_live_costs_follow_observed_forwards():
 
 def test_measured_cycles_override_the_forward_prediction():
     rows = {"n": 1}
-    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9)
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9, decision_seconds=0.0
+    )
     for _ in range(20):
         policy.observe(4, 4)
     assert policy.choose(4) == 4  # forwards alone: speculation pays
@@ -211,3 +213,23 @@ def test_tracker_rejects_bad_settings():
     with pytest.raises(RelaxSpecError):
         GoodputDraftLength(FLAT, FLAT, k_max=0)
     assert math.isfinite(expected_tokens([], 0))
+
+
+def test_one_decision_holds_for_every_row_until_it_expires_or_the_batch_changes():
+    rows, now = {"n": 1}, {"t": 0.0}
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=8, rows=lambda: rows["n"], decision_seconds=0.25, clock=lambda: now["t"]
+    )
+    for _ in range(20):
+        policy.observe(8, 8)
+    first = policy.choose(8)
+    assert first >= 4
+    for _ in range(50):  # the measured costs now say AR, but the decision holds for 0.25 s
+        for k in range(9):
+            policy.observe_cycle(k, 100.0 if k else policy.predicted_seconds(1, 0))
+    assert policy.choose(8) == first
+    now["t"] = 0.3
+    assert policy.choose(8) == 0
+    policy.cycles.cells.clear()
+    rows["n"] = 2  # another batch-size bucket decides at once
+    assert policy.choose(8) > 0

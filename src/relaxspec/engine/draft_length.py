@@ -22,7 +22,9 @@ its measured seconds replace the prediction; elsewhere the prediction is scaled 
 predicted ratio of B's bucket. Because ``K = 0`` is always a candidate, the policy only
 speculates where it expects more tokens per second than AR.
 
-A policy that settles on K = 0 stops seeing acceptance data; after ``probe_interval`` seconds at
+One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
+so the rows of a lockstep batch draft alike. A policy that settles on K = 0 stops seeing
+acceptance data; after ``probe_interval`` seconds at
 K = 0 it drafts anyway (its best K > 0) for a ``probe_window``, so that α and the cycle costs of
 K > 0 keep tracking the workload. Probes are windows of time, not every n-th choice, so that all
 rows of a lockstep batch probe together: one drafting row would make the others' AR steps wait
@@ -273,6 +275,7 @@ class GoodputDraftLength:
     draft_costs: StepCosts | LiveStepCosts
     k_max: int
     rows: Callable[[], int] = lambda: 1
+    decision_seconds: float = 0.25  # how long one choice of K holds for every row
     probe_interval: float = 5.0  # seconds at K = 0 before a probe
     probe_window: float = 0.5  # seconds a probe lasts
     clock: Callable[[], float] = time.perf_counter
@@ -281,6 +284,9 @@ class GoodputDraftLength:
     chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
     _ar_since: float | None = None
     _probe_until: float = float("-inf")
+    _decision: int = 0
+    _decided_at: float = float("-inf")
+    _decided_bucket: int = -1
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -297,25 +303,35 @@ class GoodputDraftLength:
         assert self.tracker is not None
         rows = max(1, self.rows())
         bucket = rows_bucket(rows)
+        with self._lock:
+            now = self.clock()
+            if bucket != self._decided_bucket or now - self._decided_at >= self.decision_seconds:
+                self._decide(rows, bucket, now)
+            k = min(self._decision, cap)
+            self.chosen[k] = self.chosen.get(k, 0) + 1
+        return k
+
+    def _decide(self, rows: int, bucket: int, now: float) -> None:
+        """The draft length every row uses until the next decision (one per ``decision_seconds``
+        or batch-size bucket change): rows of a lockstep batch wait for the longest draft, so
+        mixed choices would cost every row the largest K and blur the measured cycle costs."""
+        assert self.tracker is not None
         k, goodput = best_draft_length(
             self.tracker.rates(),
-            cap,
+            self.k_max,
             lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
         )
         best_drafting = 1 + int(np.argmax(goodput[1:]))
-        with self._lock:
-            now = self.clock()
-            if now < self._probe_until:
-                k = best_drafting
-            elif k > 0:
-                self._ar_since = None
-            elif self._ar_since is None:
-                self._ar_since = now
-            elif now - self._ar_since >= self.probe_interval:  # keep α and the K > 0 costs measured
-                self._ar_since, self._probe_until = None, now + self.probe_window
-                k = best_drafting
-            self.chosen[k] = self.chosen.get(k, 0) + 1
-        return k
+        if now < self._probe_until:
+            k = best_drafting
+        elif k > 0:
+            self._ar_since = None
+        elif self._ar_since is None:
+            self._ar_since = now
+        elif now - self._ar_since >= self.probe_interval:  # keep α and the K > 0 costs measured
+            self._ar_since, self._probe_until = None, now + self.probe_window
+            k = best_drafting
+        self._decision, self._decided_at, self._decided_bucket = k, now, bucket
 
     def predicted_seconds(self, rows: int, k: int) -> float:
         """``T(K, B)`` from the forward costs alone (module doc)."""
