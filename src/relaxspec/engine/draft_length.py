@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -230,14 +231,16 @@ def rows_bucket(rows: int) -> int:
 
 @dataclass
 class CycleCosts:
-    """Measured seconds of whole cycles, per (batch-size bucket, K), as exponential averages.
+    """Measured seconds of whole cycles, per (batch-size bucket, K): the median of each cell's
+    last ``window`` cycles (robust to the slow cycles around a change of decision).
 
     ``estimate`` returns the measured cell where there is one, else ``predicted`` × the bucket's
     measured / predicted ratio (the global ratio for a bucket never seen, 1 before any cycle).
     """
 
     rate: float = 0.1
-    cells: dict[tuple[int, int], float] = field(default_factory=dict)
+    window: int = 16
+    cells: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     ratios: dict[int, float] = field(default_factory=dict)
     global_ratio: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -249,15 +252,19 @@ class CycleCosts:
         if not (seconds > 0) or not np.isfinite(seconds) or not (predicted > 0):
             return
         with self._lock:
-            self.cells[(bucket, k)] = self._ema(self.cells.get((bucket, k)), seconds)
+            self.cells.setdefault((bucket, k), deque(maxlen=self.window)).append(seconds)
             self.ratios[bucket] = self._ema(self.ratios.get(bucket), seconds / predicted)
             self.global_ratio = self._ema(self.global_ratio, seconds / predicted)
+
+    def measured(self, bucket: int, k: int) -> bool:
+        with self._lock:
+            return bool(self.cells.get((bucket, k)))
 
     def estimate(self, bucket: int, k: int, predicted: float) -> float:
         with self._lock:
             measured = self.cells.get((bucket, k))
-            if measured is not None:
-                return measured
+            if measured:
+                return float(np.median(measured))
             ratio = self.ratios.get(bucket, self.global_ratio if self.global_ratio is not None else 1.0)
         return predicted * ratio
 
@@ -275,8 +282,8 @@ class GoodputDraftLength:
     draft_costs: StepCosts | LiveStepCosts
     k_max: int
     rows: Callable[[], int] = lambda: 1
-    decision_seconds: float = 0.25  # how long one choice of K holds for every row
-    probe_interval: float = 5.0  # seconds at K = 0 before a probe
+    decision_seconds: float = 2.0  # how long one choice of K holds for every row
+    probe_interval: float = 10.0  # seconds at K = 0 before a probe
     probe_window: float = 0.5  # seconds a probe lasts
     clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
@@ -322,6 +329,8 @@ class GoodputDraftLength:
             lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
         )
         best_drafting = 1 + int(np.argmax(goodput[1:]))
+        if not self.cycles.measured(bucket, 0):
+            k = 0  # measure the AR baseline of this batch size first: the others are compared to it
         if now < self._probe_until:
             k = best_drafting
         elif k > 0:
@@ -331,7 +340,9 @@ class GoodputDraftLength:
         elif now - self._ar_since >= self.probe_interval:  # keep α and the K > 0 costs measured
             self._ar_since, self._probe_until = None, now + self.probe_window
             k = best_drafting
-        self._decision, self._decided_at, self._decided_bucket = k, now, bucket
+        # a probe's decision holds only for the probe window
+        held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
+        self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
 
     def predicted_seconds(self, rows: int, k: int) -> float:
         """``T(K, B)`` from the forward costs alone (module doc)."""

@@ -245,7 +245,7 @@ class Engine:
         for part in (self.verifier, self.shadow, self.proposer):
             if part is not None:
                 part.start(ids)
-        finish, generated = "length", 0
+        finish, generated, previous_k = "length", 0, -1
         while generated < budget:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
@@ -267,8 +267,11 @@ class Engine:
             generated += len(chunk)
             if on_chunk is not None and chunk:
                 on_chunk(text.delta(final=finish != "length"), chunk)
-            if adapt is not None:  # the whole cycle, waits on a shared batch and text work included
+            if adapt is not None and k == previous_k:
+                # the whole cycle, waits on a shared batch and text work included; not the first
+                # at a new K (the draft's catch-up, rows still finishing the old K)
                 adapt.observe_cycle(k, _now(self.device) - cycle_started)
+            previous_k = k
             if finish != "length":
                 break
             # Roll every cache back to the committed tokens it may keep (all but the last).
