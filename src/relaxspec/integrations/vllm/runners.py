@@ -32,6 +32,7 @@ from typing import Any
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
 from relaxspec.integrations.vllm.rules import PARAM_KEYS, RuleChoice, canonical
+from relaxspec.methods import BASE_PARAMS
 from relaxspec.models import model_dir
 
 # Our method presets that run inside vLLM, with their parameters and defaults (methods.py's names).
@@ -45,15 +46,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # Our proposers inside vLLM (.proposers); defaults as methods.py's presets.
     "prove-lossless": {"block_size": 8},
     "prove": {"block_size": 8, "theta": 0.05},
-    "sdd": {
-        "gamma": None,  # None: the drafter's operating point (config diffusion_gamma)
-        "steps": None,
-        "reveal": "auto",
-        "accept": "exact",
-        "ell": 0.5,
-        "accept_k": 2,
-        "theta": 0.95,
-    },
+    # the engine's SDD parameters (gamma/steps None: the drafter's operating point), not its
+    # verifier-skipping audit
+    "sdd": {name: value for name, value in BASE_PARAMS.items() if name != "shadow"},
 }
 PROPOSER_METHODS = ("prove-lossless", "prove", "sdd")
 SKIPPING_METHODS = ("mars", "sdd-skip", "sdd-periodic")  # verifier skipping stays in our engine
