@@ -48,6 +48,13 @@ from relaxspec.errors import RelaxSpecError
 
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
+Costs = Callable[[float], float]  # seconds of one forward over n tokens
+
+
+def ema(old: float | None, new: float, rate: float) -> float:
+    """Exponential moving average step (the first value starts it)."""
+    return new if old is None else old + rate * (new - old)
+
 
 @dataclass(frozen=True)
 class StepCosts:
@@ -105,10 +112,8 @@ class LiveStepCosts:
         ratio = seconds / self.prior(n_tokens)
         j = int(np.argmin(np.abs(self._log_tokens - np.log2(n_tokens))))
         with self._lock:
-            old = self.ratios[j]
-            self.ratios[j] = ratio if old is None else old + self.rate * (ratio - old)
-            step = 1.0 if self.observed == 0 else self.global_rate
-            self.global_ratio += step * (ratio - self.global_ratio)
+            self.ratios[j] = ema(self.ratios[j], ratio, self.rate)
+            self.global_ratio = ema(self.global_ratio if self.observed else None, ratio, self.global_rate)
             self.observed += 1
 
     def __call__(self, n_tokens: float) -> float:
@@ -212,9 +217,6 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return total
 
 
-Costs = Callable[[float], float]  # seconds of one forward over n tokens
-
-
 def best_draft_length(
     rates: Sequence[float], k_max: int, seconds: Callable[[int], float]
 ) -> tuple[int, list[float]]:
@@ -245,16 +247,13 @@ class CycleCosts:
     global_ratio: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.rate * (new - old)
-
     def observe(self, bucket: int, k: int, seconds: float, predicted: float) -> None:
         if not (seconds > 0) or not np.isfinite(seconds) or not (predicted > 0):
             return
         with self._lock:
             self.cells.setdefault((bucket, k), deque(maxlen=self.window)).append(seconds)
-            self.ratios[bucket] = self._ema(self.ratios.get(bucket), seconds / predicted)
-            self.global_ratio = self._ema(self.global_ratio, seconds / predicted)
+            self.ratios[bucket] = ema(self.ratios.get(bucket), seconds / predicted, self.rate)
+            self.global_ratio = ema(self.global_ratio, seconds / predicted, self.rate)
 
     def measured(self, bucket: int, k: int) -> bool:
         with self._lock:
@@ -278,8 +277,8 @@ class GoodputDraftLength:
     is learned across them.
     """
 
-    target_costs: StepCosts | LiveStepCosts
-    draft_costs: StepCosts | LiveStepCosts
+    target_costs: Costs  # a StepCosts or LiveStepCosts
+    draft_costs: Costs
     k_max: int
     rows: Callable[[], int] = lambda: 1
     decision_seconds: float = 2.0  # how long one choice of K holds for every row
