@@ -371,19 +371,11 @@ def generate_json(
     return {"text": result.text, "tokens": result.tokens, "stats": stats}
 
 
-def proposer_serve_args(
-    method: str,
-    params: dict[str, Any],
-    paths: dict[str, Any],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    served_model_name: str | None = None,
-    max_model_len: int | None = None,
-    tensor_parallel_size: int = 1,
-) -> tuple[list[str], RuleChoice]:
-    """``vllm serve`` arguments and default rule of ``prove-lossless`` / ``prove`` / ``sdd``.
+def proposer_spec_args(
+    method: str, params: dict[str, Any], paths: dict[str, Any]
+) -> tuple[Path, list[str], RuleChoice]:
+    """The target directory, the speculative-decoding ``vllm serve`` arguments and the default rule
+    of ``prove-lossless`` / ``prove`` / ``sdd`` (:func:`.serve.vllm_args` adds the rest).
 
     The block proposer's placeholder id cannot travel on vLLM's command line (a dict
     ``--hf-overrides`` stays with the target): the server sets the callable
@@ -394,13 +386,7 @@ def proposer_serve_args(
     plan = engine_plan(method, resolve(method, params), paths)
     target = model_dir(plan.target_role, paths.get(plan.target_role), "serve --engine vllm")
     drafter = str(model_dir(plan.proposer_role, paths.get(plan.proposer_role), "serve --engine vllm"))
-    argv = ["--model", str(target), "--host", host, "--port", str(port), "--enforce-eager",
-            "--served-model-name", served_model_name or "relaxspec",
-            "--tensor-parallel-size", str(tensor_parallel_size)]  # fmt: skip
-    if max_model_len:
-        argv += ["--max-model-len", str(max_model_len)]
-    if api_key:
-        argv += ["--api-key", api_key]
+    argv: list[str] = []
     if plan.proposer == "block":
         spec = proposers.block_speculative_config(drafter, plan.k, "probabilistic")
     else:
@@ -409,7 +395,7 @@ def proposer_serve_args(
         extra_config = proposers.diffusion_additional_config(drafter, o["gamma"], o["steps"], o["reveal"])
         argv += ["--additional-config", json.dumps(extra_config)]
     argv += ["--speculative-config", json.dumps(spec)]
-    return argv, RuleChoice(plan.rule, plan.rule_params)
+    return target, argv, RuleChoice(plan.rule, plan.rule_params)
 
 
 def needs_mars_overrides(method: str) -> bool:

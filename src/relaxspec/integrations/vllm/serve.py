@@ -136,40 +136,31 @@ def vllm_args(
     """
     from relaxspec.integrations.vllm import runners
 
+    def server(target_dir: Path) -> list[str]:
+        """The command line every server shares: model, address, eager mode, name, parallelism."""
+        argv = ["--model", str(target_dir), "--host", host, "--port", str(port), "--enforce-eager",
+                "--served-model-name", served_model_name or "relaxspec",
+                "--tensor-parallel-size", str(tensor_parallel_size)]  # fmt: skip
+        if max_model_len:
+            argv += ["--max-model-len", str(max_model_len)]
+        if api_key:
+            argv += ["--api-key", api_key]
+        return argv
+
     if method in runners.PROPOSER_METHODS:  # our proposers inside vLLM (.proposers); paths by role
         if stock or k_schedule:
             raise RelaxSpecError(f"{method!r} needs the relaxspec plugin and takes no --stock / --k-schedule")
         where = {"target": target, "draft": draft}
         where.update({r: v for r, v in (paths or {}).items() if v is not None})
-        argv, choice = runners.proposer_serve_args(
-            method, params, where, host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-            max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
-        )  # fmt: skip
-        return argv + list(extra), choice
+        target_dir, spec_argv, choice = runners.proposer_spec_args(method, params, where)
+        return server(target_dir) + spec_argv + list(extra), choice
     name = "ar" if method == "ar" else canonical(method)
     rule = None if name == "ar" else RuleChoice(name, params)
     if name == "ar" and params:
         raise RelaxSpecError("method 'ar' takes no rule parameters")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise RelaxSpecError(f"k must be an integer >= 1, got {k!r}")
-    target_dir = model_dir("target", target, "serve --engine vllm")
-    argv = [
-        "--model",
-        str(target_dir),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--enforce-eager",
-        "--served-model-name",
-        served_model_name or "relaxspec",
-        "--tensor-parallel-size",
-        str(tensor_parallel_size),
-    ]
-    if max_model_len:
-        argv += ["--max-model-len", str(max_model_len)]
-    if api_key:
-        argv += ["--api-key", api_key]
+    argv = server(model_dir("target", target, "serve --engine vllm"))
     if rule is not None:
         spec = {
             "method": "draft_model",
