@@ -27,6 +27,7 @@ from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import load_model, model_dir
+from relaxspec.testing import vllm_server
 
 TOKENS = 32
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
@@ -272,33 +273,10 @@ def test_server_serves_our_proposers(method, flags, tmp_path):
     """`python -m relaxspec.integrations.vllm.serve --method prove-lossless|sdd` (vLLM's OpenAI server,
     engine core in its own process: the block drafter's placeholder override and the custom diffusion
     proposer both reach it); greedy completions, a per-request rule, relaxspec's counters on /metrics."""
-    import socket
-    import subprocess
-    import sys
-    import time
-
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", "--method", method, *flags]
-    cmd += ["--port", str(port), "--max-model-len", "512"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 600  # a loaded 2-core machine can take minutes to start vLLM
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.time() < deadline, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(2)
+    args = ["--method", method, *flags, "--max-model-len", "512"]
+    with vllm_server(args, tmp_path / "server.log") as base:
         body = {"model": "relaxspec", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
         first = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
         again = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
@@ -311,12 +289,6 @@ def test_server_serves_our_proposers(method, flags, tmp_path):
         metrics = httpx.get(f"{base}/metrics", timeout=10).text
         drafted = [line for line in metrics.splitlines() if line.startswith("relaxspec_drafts_total")]
         assert drafted and any(float(line.split()[-1]) > 0 for line in drafted)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")

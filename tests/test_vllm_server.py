@@ -4,10 +4,6 @@ tensor parallelism (one worker process per rank)."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -21,46 +17,16 @@ import openai
 
 from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm.offline import VLLMEngine
+from relaxspec.testing import vllm_server
 
 KEY = "test-key"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    cmd = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", "--method", "nsd", "--theta", "0.9"]
-    cmd += ["--k", "4", "--port", str(port), "--api-key", KEY, "--max-model-len", "512"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        else:
-            pytest.fail(f"server did not start in time:\n{log.read_text()[-3000:]}")
+    args = ["--method", "nsd", "--theta", "0.9", "--k", "4", "--api-key", KEY, "--max-model-len", "512"]
+    with vllm_server(args, tmp_path_factory.mktemp("vllm-server") / "server.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_server_validates_vllm_xargs_with_400_and_keeps_serving(server):
