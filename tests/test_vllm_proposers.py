@@ -275,8 +275,7 @@ def test_server_serves_our_proposers(method, flags, tmp_path):
     proposer both reach it); greedy completions, a per-request rule, relaxspec's counters on /metrics."""
     import httpx
 
-    args = ["--method", method, *flags, "--max-model-len", "512"]
-    with vllm_server(args, tmp_path / "server.log") as base:
+    with vllm_server(method, [*flags, "--max-model-len", "512"], tmp_path) as base:
         body = {"model": "relaxspec", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
         first = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
         again = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()

@@ -24,8 +24,8 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    args = ["--method", "nsd", "--theta", "0.9", "--k", "4", "--api-key", KEY, "--max-model-len", "512"]
-    with vllm_server(args, tmp_path_factory.mktemp("vllm-server") / "server.log") as base:
+    args = ["--theta", "0.9", "--k", "4", "--max-model-len", "512"]
+    with vllm_server("nsd", args, tmp_path_factory.mktemp("vllm-server"), api_key=KEY) as base:
         yield base
 
 

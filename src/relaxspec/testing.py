@@ -11,11 +11,8 @@ statistical tests decisive). ``perturbed_copy`` makes a draft that partly agrees
 from __future__ import annotations
 
 import itertools
-import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -232,46 +229,20 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
-def free_port() -> int:
-    """A TCP port on the loopback interface that is free now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @contextmanager
-def vllm_server(args: Sequence[str], log: Path, timeout: float = 600.0) -> Iterator[str]:
-    """Run ``python -m relaxspec.integrations.vllm.serve ARGS --port P`` until its ``/health``
-    answers; yield its base URL; stop it (and its process group's children) after.
+def vllm_server(method: str, args: Sequence[str], log_dir: Path, api_key: str | None = None,
+                timeout: float = 600.0) -> Iterator[str]:  # fmt: skip
+    """The load test's spawned vLLM server (:class:`~relaxspec.serve.loadtest.SpawnedServer`:
+    ``relaxspec.integrations.vllm.serve --method METHOD ARGS`` on a free loopback port), up and
+    answering ``/health``; yields its base URL and stops it after. ``timeout``: seconds to start
+    (a loaded 2-core machine can take minutes to start vLLM)."""
+    from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer
 
-    Fails with the log's tail if the server exits or is not up within ``timeout`` seconds (a
-    loaded 2-core machine can take minutes to start vLLM).
-    """
-    import httpx
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", *args, "--port", str(port)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    config = LoadtestConfig(concurrency=[1], spawn_args=list(args), api_key=api_key, engine="vllm")
+    server = SpawnedServer(method, config, log_dir)
     try:
-        deadline = time.time() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            if time.time() > deadline:
-                raise RuntimeError(f"server did not start in time:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        yield base
+        server.wait_ready(timeout)
+        yield server.url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
