@@ -51,6 +51,20 @@ def _model_dir(path: Path | None, role: str) -> Path:
 EngineOpt = Annotated[
     str, typer.Option(help="relaxspec (our engine) or vllm (inside vLLM with the plugin; docs/vllm.md)")
 ]
+KernelsOpt = Annotated[
+    str,
+    typer.Option(
+        help="our engine's forwards: auto (fastest measured the model and CPU allow), hf "
+        "(transformers' forward), packed (oneDNN-packed fp32 weights) or packed-bf16 (docs/performance.md)"
+    ),
+]
+
+
+def _check_engine(engine: str, kernels: str) -> None:
+    if engine not in ("relaxspec", "vllm"):
+        raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {engine!r}")
+    if engine == "vllm" and kernels != "auto":
+        raise RelaxSpecError("--kernels applies to our engine; vLLM runs its own kernels (--engine vllm)")
 
 
 # Method parameters with a flag of their own on every command that builds engines (any other
@@ -157,18 +171,18 @@ def generate(
         bool, typer.Option("--json", help="print one JSON object instead of streaming")
     ] = False,
     engine: EngineOpt = "relaxspec",
+    kernels: KernelsOpt = "auto",
     *,
     opts: MethodOptions,
 ) -> None:
     """Generate a continuation of PROMPT, streaming text (or one JSON object with --json)."""
+    _check_engine(engine, kernels)
     if engine == "vllm":
         from relaxspec.integrations.vllm.runners import cli_generate
 
         cli_generate(opts.method, opts.params, opts.paths, prompt, temperature, top_k, top_p, seed,
                      max_new_tokens, stop, as_json)  # fmt: skip
         return
-    if engine != "relaxspec":
-        raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {engine!r}")
     from relaxspec.core.sampling import SamplingParams
     from relaxspec.methods import build_engine, load_models
 
@@ -180,7 +194,7 @@ def generate(
         max_new_tokens=max_new_tokens,
         stop=tuple(stop or ()),
     )
-    engine = build_engine(opts.method, load_models(opts.method, opts.paths), **opts.params)
+    engine = build_engine(opts.method, load_models(opts.method, opts.paths, kernels), **opts.params)
     if as_json:
         result = engine.generate(prompt, params)
         print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats.to_dict()}))
@@ -649,6 +663,7 @@ def bench_cmd(
     exec_timeout: Annotated[float, typer.Option(help="seconds per HumanEval test run")] = 10.0,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
     engine: EngineOpt = "relaxspec",
+    kernels: KernelsOpt = "auto",
 ) -> None:
     """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out.
 
@@ -683,6 +698,7 @@ def bench_cmd(
         progress=progress,
         command=shlex.join(["relaxspec", *sys.argv[1:]]),
         engine=engine,
+        kernels=kernels,
     )
     run_bench(config)
 
@@ -753,6 +769,7 @@ def latency_cmd(
     decode_steps: int = 64,
     rounds: int = 5,
     out: Path | None = None,
+    kernels: KernelsOpt = "auto",
 ) -> None:
     """Forward latency (KV cache) of several models, interleaved in one run: ms per call and ratios."""
     from relaxspec.eval.evaluate import forward_latency, write_report
@@ -761,15 +778,16 @@ def latency_cmd(
     width_list = _int_list(widths, "widths")
     report = forward_latency(
         {str(d): d for d in dirs}, context=context, decode_steps=decode_steps, rounds=rounds,
-        widths=tuple(width_list),
+        widths=tuple(width_list), kernels=kernels,
     )  # fmt: skip
     first = next(iter(report))
     columns = sorted(next(iter(report.values()))["ms_per_call"])
-    print(f"{'model':<28} {'params':>10} " + " ".join(f"{'T=' + str(w) + ' ms':>9}" for w in columns)
-          + f" {'T=1 ratio':>10}")  # fmt: skip
+    print(f"{'model':<28} {'params':>10} {'kernels':>11} "
+          + " ".join(f"{'T=' + str(w) + ' ms':>9}" for w in columns) + f" {'T=1 ratio':>10}")  # fmt: skip
     for name, row in report.items():
         calls = " ".join(f"{row['ms_per_call'][w]:>9.3f}" for w in columns)
-        print(f"{name:<28} {row['parameters']:>10,} {calls} {row['ratio_to_first']:>10.2f}")
+        print(f"{name:<28} {row['parameters']:>10,} {row['kernels']:>11} {calls} "
+              f"{row['ratio_to_first']:>10.2f}")  # fmt: skip
     print(f"(T=1 ratio: {first}'s per-token latency divided by each model's)")
     if out is not None:
         write_report(out, report)
@@ -813,6 +831,7 @@ def serve_cmd(
         int, typer.Option(help="largest request body in bytes; larger ones get 413")
     ] = DEFAULT_MAX_BODY_BYTES,
     engine: EngineOpt = "relaxspec",
+    kernels: KernelsOpt = "auto",
     *,
     opts: MethodOptions,
 ) -> None:
@@ -821,6 +840,7 @@ def serve_cmd(
     --engine vllm: vLLM's OpenAI server with the plugin; --method and its flags set the default
     rule, requests pick theirs with vllm_xargs (docs/vllm.md).
     """
+    _check_engine(engine, kernels)
     if engine == "vllm":
         from relaxspec.integrations.vllm.serve import serve as vllm_serve
 
@@ -829,8 +849,6 @@ def serve_cmd(
                    draft=opts.paths.get("draft"), host=host, port=port, api_key=api_key,
                    served_model_name=model_name)  # fmt: skip
         return
-    if engine != "relaxspec":
-        raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {engine!r}")
     import uvicorn
 
     from relaxspec.serve.pool import ServingPool
@@ -842,7 +860,7 @@ def serve_cmd(
         print(f"warning: serving on {host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)  # fmt: skip
 
-    models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models)
+    models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models, kernels=kernels)
     pool = ServingPool(
         models, opts.method, opts.params, max_concurrency=max_concurrency, max_queue=max_queue,
         batching=batching, adaptive_k=adaptive_k,

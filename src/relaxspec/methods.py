@@ -17,6 +17,8 @@ from typing import Any
 
 from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
 from relaxspec.engine import Engine
+from relaxspec.engine.packed import KERNELS
+from relaxspec.engine.packed import attach as attach_kernels
 from relaxspec.engine.proposers.block import BlockProposer, trained_block_size
 from relaxspec.engine.proposers.diffusion import REVEAL_ORDERS, DiffusionProposer, load_diffusion
 from relaxspec.engine.proposers.draft_model import DraftModel
@@ -557,22 +559,39 @@ ROLE_LOADERS: dict[str, Callable[[Path], Any]] = {
 }
 
 
-def load_role(role: str, path: Path) -> Any:
-    """A model of ``role`` loaded from ``path`` with that role's loader."""
+# Roles whose decoding forwards may run on packed kernels (engine/packed.py); the diffusion
+# drafter's block forward has its own attention pattern and stays on transformers' forward.
+PACKED_ROLES = ("target", "draft", "block")
+
+
+def load_role(role: str, path: Path, kernels: str = "auto") -> Any:
+    """A model of ``role`` loaded from ``path`` with that role's loader.
+
+    ``kernels`` (:data:`relaxspec.engine.packed.KERNELS`) says what the decoding forwards of a
+    :data:`PACKED_ROLES` model run on; ``auto`` picks the fastest measured one it allows.
+    """
     if role not in ROLE_LOADERS:
         raise RelaxSpecError(f"no loader for {role} models (roles: {', '.join(ROLE_LOADERS)})")
-    return ROLE_LOADERS[role](path)
+    if kernels not in KERNELS:
+        raise RelaxSpecError(f"unknown kernels {kernels!r} (choose from {', '.join(KERNELS)})")
+    loaded = ROLE_LOADERS[role](path)
+    if role in PACKED_ROLES:
+        attach_kernels(loaded.model, kernels)
+    return loaded
 
 
-def load_models(method: str, paths: dict[str, str | Path | None] | None = None) -> ModelSet:
+def load_models(
+    method: str, paths: dict[str, str | Path | None] | None = None, kernels: str = "auto"
+) -> ModelSet:
     """Load the models ``method`` needs: from ``paths[role]`` or the bundled ``models/<role>``."""
     spec = get_method(method)
     paths = paths or {}
     models = ModelSet()
     for role in spec.needs:
-        setattr(models, role, load_role(role, model_dir(role, paths.get(role), f"method {method!r}")))
+        path = model_dir(role, paths.get(role), f"method {method!r}")
+        setattr(models, role, load_role(role, path, kernels))
     for role in spec.optional:
         path = model_dir(role, paths.get(role), required=False)
         if path is not None:
-            setattr(models, role, load_role(role, path))
+            setattr(models, role, load_role(role, path, kernels))
     return models

@@ -28,6 +28,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from relaxspec.core.sampling import check_finite
+from relaxspec.engine.packed import packed_forward
 from relaxspec.errors import RelaxSpecError
 
 # Buffers start this long (or at the context length, if shorter) and double when full: a few
@@ -158,20 +159,25 @@ def model_logits(
     Returns float32 logits ``[B, T', V]`` (``T' = logits_to_keep`` last positions, or T if 0).
     ``inputs`` are passed through (``attention_mask``, ``position_ids`` for batched rows). The
     one place a model is called for decoding: :class:`CachedLM`, the batched cache and its
-    prefill all go through here.
+    prefill all go through here. A model given packed kernels (:func:`relaxspec.engine.packed.attach`)
+    runs on them, else on transformers' forward.
     """
     device = model.device
     inputs = {name: x.to(device) for name, x in inputs.items()}
     observer = _FORWARD_OBSERVERS.get(id(model))
     started = time.perf_counter()
-    out = model(
-        input_ids=input_ids.to(device),
-        use_cache=True,
-        logits_to_keep=logits_to_keep,
-        **cache_argument(model, cache),
-        **inputs,
-    )
-    logits = out.logits.float()
+    packed = packed_forward(model)
+    if packed is not None:
+        logits = packed(input_ids, cache, logits_to_keep, **inputs)
+    else:
+        out = model(
+            input_ids=input_ids.to(device),
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **cache_argument(model, cache),
+            **inputs,
+        )
+        logits = out.logits.float()
     if observer is not None:
         observer(int(input_ids.numel()), time.perf_counter() - started)
     return logits

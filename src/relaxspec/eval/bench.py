@@ -30,7 +30,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from transformers import PreTrainedModel
+
 from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.packed import kernels_of
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import diagnostics
 from relaxspec.eval.datasets import Example, load_examples
@@ -81,6 +84,7 @@ class BenchConfig:
     progress: bool = True
     command: str = ""  # the command line, recorded in the manifest
     engine: str = "relaxspec"  # "vllm": methods run inside vLLM with the plugin (DESIGN §8)
+    kernels: str = "auto"  # our engine's forwards: engine/packed.py KERNELS
 
 
 def split_list(text: str) -> list[str]:
@@ -306,11 +310,18 @@ def model_paths(cells: Iterable[Cell], paths: dict[str, str | Path | None]) -> d
     return out
 
 
-def load_role_models(paths: dict[str, Path]) -> ModelSet:
-    """Each role once, with its role's loader."""
+def role_kernels(models: ModelSet, role: str) -> str:
+    """What ``role``'s decoding forwards run on (``hf``, ``packed``, ``packed-bf16``; ``-``: not a
+    transformers model)."""
+    model = getattr(getattr(models, role, None), "model", None)
+    return kernels_of(model) if isinstance(model, PreTrainedModel) else "-"
+
+
+def load_role_models(paths: dict[str, Path], kernels: str = "auto") -> ModelSet:
+    """Each role once, with its role's loader (``kernels``: see :func:`load_role`)."""
     models = ModelSet()
     for role, path in paths.items():
-        setattr(models, role, load_role(role, path))
+        setattr(models, role, load_role(role, path, kernels))
     return models
 
 
@@ -434,10 +445,13 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     examples = {d: load_examples(d, config.limit) for d in config.datasets}
     store = ResultsStore(config.out)
     paths = model_paths(cells, config.models)
+    models = load_role_models(paths, config.kernels)
     store.check_models(
-        {role: {"path": str(p), "fingerprint": model_fingerprint(p)} for role, p in paths.items()}
+        {
+            role: {"path": str(p), "fingerprint": model_fingerprint(p), "kernels": role_kernels(models, role)}
+            for role, p in paths.items()
+        }
     )
-    models = load_role_models(paths)
     examples = fitting_examples(examples, models)
     session = store.start_session(config.command or " ".join(sys.argv))
 

@@ -13,10 +13,11 @@ from tqdm.auto import tqdm
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.data.tokens import fixed_windows, load_stream
 from relaxspec.engine.kv import CachedLM
+from relaxspec.engine.packed import kernels_of
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.datasets import math_examples
 from relaxspec.eval.intervals import wilson
-from relaxspec.methods import build_engine
+from relaxspec.methods import build_engine, load_role
 from relaxspec.models import load_model
 
 
@@ -92,6 +93,7 @@ def forward_latency(
     decode_steps: int = 64,
     rounds: int = 5,
     widths: tuple[int, ...] = (1,),
+    kernels: str = "auto",
 ) -> dict[str, dict]:
     """Forward latency with a KV cache, models interleaved in the same run.
 
@@ -108,7 +110,10 @@ def forward_latency(
     if context < 1 or decode_steps < 1 or rounds < 1 or not widths or min(widths) < 1:
         raise RelaxSpecError("context, decode_steps, rounds and every width must be >= 1")
     widths = tuple(sorted(set(widths) | {1}))
-    lms = {name: CachedLM(load_model(path).model, name) for name, path in model_dirs.items()}
+    lms = {
+        name: CachedLM(load_role("target", Path(path), kernels).model, name)
+        for name, path in model_dirs.items()
+    }
     for name, lm in lms.items():
         if context + max(widths) > lm.context_length:
             raise RelaxSpecError(f"context + width exceeds {name}'s context window")
@@ -131,6 +136,7 @@ def forward_latency(
     return {
         name: {
             "ms_per_token": 1e3 * statistics.median(t[1]),
+            "kernels": kernels_of(lms[name].model),
             "ms_per_call": {w: 1e3 * statistics.median(t[w]) for w in widths},
             "ratio_to_first": first / statistics.median(t[1]),
             "parameters": sum(p.numel() for p in lms[name].model.parameters()),

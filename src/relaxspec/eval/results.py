@@ -516,6 +516,13 @@ class ResultsStore:
                     f"{self.out} holds results of a different {role} model ({old['path']}); "
                     "use a new --out directory"
                 )
+            kernels = info.get("kernels", "-")  # "-": not a transformers model
+            old_kernels = old.get("kernels", "hf") if old is not None and kernels != "-" else kernels
+            if old_kernels != kernels:
+                raise RelaxSpecError(
+                    f"{self.out} holds results of the {role} model on {old_kernels} kernels, this run "
+                    f"uses {kernels}; pass --kernels {old_kernels} or use a new --out directory"
+                )
         self.manifest["models"].update(fingerprints)
 
     def start_session(self, command: str) -> str:

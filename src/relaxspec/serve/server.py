@@ -1155,14 +1155,14 @@ def create_app(
 
 
 def load_serving_models(
-    method: str, paths: dict[str, str | Path | None], extra_roles: bool = True
+    method: str, paths: dict[str, str | Path | None], extra_roles: bool = True, kernels: str = "auto"
 ) -> ModelSet:
     """The models ``relaxspec serve`` holds.
 
     The default method's models are required (a given directory or the bundled one); models of
     other roles are loaded from a given directory, or, with ``extra_roles``, from the bundled one
     when it exists, so that requests can switch to the methods that use them. A bundled extra
-    model that fails to load is skipped with a warning.
+    model that fails to load is skipped with a warning. ``kernels``: see :func:`load_role`.
     """
     spec = get_method(method)
     models = ModelSet()
@@ -1170,7 +1170,7 @@ def load_serving_models(
         required = role in spec.needs
         given = paths.get(role)
         if given is not None:
-            setattr(models, role, load_role(role, Path(given)))
+            setattr(models, role, load_role(role, Path(given), kernels))
             continue
         if not (required or extra_roles or role in spec.optional):
             continue
@@ -1178,7 +1178,7 @@ def load_serving_models(
         if path is None:
             continue
         try:
-            setattr(models, role, load_role(role, path))
+            setattr(models, role, load_role(role, path, kernels))
         except RelaxSpecError as err:
             if required:
                 raise

@@ -1,0 +1,264 @@
+"""A packed-weight forward for Llama-family causal LMs on CPU (issue 14; gpt-fast's ``model.py``).
+
+Why it exists (docs/performance.md §7, measured with ``scripts/kernels_compare.py``): a decode
+step of the bundled target through transformers' forward spends most of its time in
+``F.linear`` on weights that do not fit the 32 MiB L3 cache, and ~40 % more in the ~50 small ops
+per layer around them. Reordering each weight once into oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) and calling ``mkldnn._linear_pointwise`` makes the
+same product 1.1× faster at one token and 2× faster at nine (fp32), and bf16 weights halve the
+bytes read again; fusing q/k/v and gate/up into one product each and writing the layer as a dozen
+explicit tensor ops removes most of the rest.
+
+What it computes is transformers' Llama forward (RMSNorm → fused qkv → rotary → attention over
+the cache → o → residual → RMSNorm → fused gate/up → SiLU·up → down → residual), with
+
+- the residual stream, norms, rotary, softmax and the returned logits in float32;
+- products with ``weights="fp32"`` in float32 (same numbers as transformers' fp32 forward up to
+  summation order), or with ``weights="bf16"`` on bf16 inputs and weights (outputs rounded to
+  bf16, as in a bf16 model; the bundled checkpoints are stored in bf16, so the weights are exact).
+
+It reads and writes the model's ordinary cache (:func:`relaxspec.engine.kv.new_cache`: one
+``update`` per layer, so position-indexed and dynamic layers both work) and takes the batched
+server's ``attention_mask``/``position_ids``, so every engine runs on it unchanged: the one entry
+point is :func:`relaxspec.engine.kv.model_logits`, which uses the forward :func:`attach` gave the
+model. Weights are packed when attached: a model trained afterwards must be attached again.
+
+Models it does not cover (other architectures, sliding windows, biases on o/down, QK norms, a CPU
+without oneDNN) keep transformers' forward; :func:`kernels_of` says which one runs and
+:func:`unsupported_reason` why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from relaxspec.errors import RelaxSpecError
+
+# What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
+# fp32 weights; ``packed-bf16`` = this module, bf16 weights; ``auto`` = the fastest measured one
+# the model and CPU allow (packed-bf16 where oneDNN has bf16 kernels, else packed, else hf).
+KERNELS = ("auto", "hf", "packed", "packed-bf16")
+ATTRIBUTE = "relaxspec_packed_forward"  # where attach() leaves the forward on the model
+SUPPORTED_TYPES = ("llama", "qwen2")
+
+
+def _bf16_kernels() -> bool:
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why :class:`PackedForward` cannot run ``model`` (None: it can)."""
+    config = model.config
+    if not torch.backends.mkldnn.is_available():
+        return "torch was built without oneDNN"
+    if model.device.type != "cpu":
+        return f"the model is on {model.device.type}, the packed kernels are CPU-only"
+    if config.model_type not in SUPPORTED_TYPES:
+        return f"architecture {config.model_type!r} (packed forward: {', '.join(SUPPORTED_TYPES)})"
+    if getattr(config, "use_sliding_window", False) or (
+        config.model_type != "qwen2" and getattr(config, "sliding_window", None)
+    ):
+        return "sliding-window attention"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} (packed forward: silu)"
+    layer = model.model.layers[0]
+    if getattr(layer.self_attn, "q_norm", None) is not None:
+        return "QK norms"
+    if (
+        getattr(layer.self_attn.o_proj, "bias", None) is not None
+        or getattr(layer.mlp.down_proj, "bias", None) is not None
+    ):
+        return "biases on the output projections"
+    return None
+
+
+def resolve_kernels(model: PreTrainedModel, kernels: str) -> str:
+    """The kernels ``kernels`` (one of :data:`KERNELS`) means for ``model``: never ``auto``."""
+    if kernels not in KERNELS:
+        raise RelaxSpecError(f"unknown kernels {kernels!r} (choose from {', '.join(KERNELS)})")
+    if kernels == "hf":
+        return "hf"
+    reason = unsupported_reason(model)
+    if reason is not None:
+        if kernels == "auto":
+            return "hf"
+        raise RelaxSpecError(f"--kernels {kernels} cannot run this model: {reason}")
+    if kernels == "packed-bf16" and not _bf16_kernels():
+        raise RelaxSpecError("--kernels packed-bf16 needs a CPU with bf16 instructions (oneDNN reports none)")
+    if kernels == "auto":
+        return "packed-bf16" if _bf16_kernels() else "packed"
+    return kernels
+
+
+def attach(model: PreTrainedModel, kernels: str = "auto") -> str:
+    """Run ``model``'s decoding forwards on ``kernels``; returns the resolved choice.
+
+    ``hf`` detaches any packed forward. The model itself is not modified (its weights stay what
+    training and transformers' forward use); the packed copies live beside it.
+    """
+    resolved = resolve_kernels(model, kernels)
+    if resolved == "hf":
+        model.__dict__.pop(ATTRIBUTE, None)
+    else:
+        dtype = torch.bfloat16 if resolved == "packed-bf16" else torch.float32
+        model.__dict__[ATTRIBUTE] = PackedForward(model, dtype)  # a plain attribute, not a submodule
+    return resolved
+
+
+def packed_forward(model: PreTrainedModel) -> PackedForward | None:
+    """The forward :func:`attach` gave ``model`` (None: transformers' own)."""
+    return model.__dict__.get(ATTRIBUTE)
+
+
+def kernels_of(model: PreTrainedModel) -> str:
+    """``hf``, ``packed`` or ``packed-bf16``: what :func:`relaxspec.engine.kv.model_logits` runs."""
+    forward = packed_forward(model)
+    if forward is None:
+        return "hf"
+    return "packed-bf16" if forward.dtype == torch.bfloat16 else "packed"
+
+
+class PackedLinear:
+    """``y = x Wᵀ + b`` for ``x[..., in]`` with ``W[out, in]`` reordered once for oneDNN.
+
+    Several ``torch.nn.Linear`` of the same input are fused into one product (their rows
+    concatenated: q/k/v, gate/up). Inputs are cast to the packed dtype; outputs come back in
+    float32 ``[..., out]``.
+    """
+
+    def __init__(self, linears: Sequence[torch.nn.Linear], dtype: torch.dtype) -> None:
+        weight = torch.cat([lin.weight.detach() for lin in linears]).to(dtype).contiguous()
+        self.dtype = dtype
+        self.out_features = weight.shape[0]
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
+        if any(lin.bias is not None for lin in linears):
+            self.bias = torch.cat(
+                [
+                    lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
+                    for lin in linears
+                ]
+            ).to(dtype)
+        else:
+            self.bias = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
+        return y.float()
+
+
+@dataclass
+class _PackedLayer:
+    qkv: PackedLinear
+    o: PackedLinear
+    gate_up: PackedLinear
+    down: PackedLinear
+    attn_norm: torch.Tensor  # [hidden] float32 RMSNorm weights
+    mlp_norm: torch.Tensor
+
+
+class PackedForward:
+    """The decoding forward of one Llama-family model on packed weights (see the module doc)."""
+
+    def __init__(self, model: PreTrainedModel, dtype: torch.dtype) -> None:
+        config = model.config
+        self.dtype = dtype
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = float(config.rms_norm_eps)
+        base = model.model
+        self.embed = base.embed_tokens
+        self.rotary = base.rotary_emb
+        self.norm = base.norm.weight.detach().float()
+        self.lm_head = PackedLinear([model.lm_head], dtype)
+        self.layers = [
+            _PackedLayer(
+                qkv=PackedLinear(
+                    [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], dtype
+                ),
+                o=PackedLinear([layer.self_attn.o_proj], dtype),
+                gate_up=PackedLinear([layer.mlp.gate_proj, layer.mlp.up_proj], dtype),
+                down=PackedLinear([layer.mlp.down_proj], dtype),
+                attn_norm=layer.input_layernorm.weight.detach().float(),
+                mlp_norm=layer.post_attention_layernorm.weight.detach().float(),
+            )
+            for layer in base.layers
+        ]
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        logits_to_keep: int = 0,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``float32[B, T', V]`` of ``input_ids[B, T]`` after the ``cache``'s entries.
+
+        ``attention_mask[B, S+T]`` (1 = attend) covers the cache's S entries and the new ones;
+        ``position_ids[B, T]`` default to ``S .. S+T-1``. The cache grows by T per layer.
+        """
+        B, T = input_ids.shape
+        past = cache.get_seq_length()
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T).expand(B, T)
+        x = self.embed(input_ids).float()  # [B, T, hidden]
+        cos, sin = self.rotary(x, position_ids)  # [B, T, head_dim] each
+        cos, sin = cos[:, None].float(), sin[:, None].float()
+        mask = self._mask(B, T, past, attention_mask)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, x.shape[-1:], layer.attn_norm, self.eps)
+            x = x + layer.o(self._attention(layer.qkv(h), cache.layers[index], cos, sin, mask))
+            h = F.rms_norm(x, x.shape[-1:], layer.mlp_norm, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        keep = T if logits_to_keep == 0 else min(logits_to_keep, T)
+        x = F.rms_norm(x[:, T - keep :], x.shape[-1:], self.norm, self.eps)
+        return self.lm_head(x)
+
+    def _attention(
+        self, qkv: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask
+    ) -> torch.Tensor:
+        """``qkv[B, T, (H + 2·Hkv)·D]`` → attention output ``[B, T, H·D]``; appends k/v to the cache."""
+        B, T, _ = qkv.shape
+        D = self.head_dim
+        q, k, v = qkv.split([self.heads * D, self.kv_heads * D, self.kv_heads * D], dim=-1)
+        q = _rotate(q.view(B, T, self.heads, D).transpose(1, 2), cos, sin)
+        k = _rotate(k.view(B, T, self.kv_heads, D).transpose(1, 2), cos, sin)
+        keys, values = cache_layer.update(k, v.view(B, T, self.kv_heads, D).transpose(1, 2))
+        out = F.scaled_dot_product_attention(
+            q, keys.float(), values.float(), attn_mask=mask, enable_gqa=self.kv_heads != self.heads
+        )
+        return out.transpose(1, 2).reshape(B, T, self.heads * D)
+
+    @staticmethod
+    def _mask(B: int, T: int, past: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Bool ``[B|1, 1, T, S+T]``: new token t sees cache columns ≤ its own, where the mask allows.
+
+        None when every query may see every key (one new token, no padding). A query always sees
+        itself, so a padding position's (discarded) output stays finite.
+        """
+        if attention_mask is None and T == 1:
+            return None
+        total = past + T
+        columns = torch.arange(total)
+        own = past + torch.arange(T)
+        allowed = columns[None, :] <= own[:, None]  # [T, S+T] causal
+        if attention_mask is None:
+            return allowed[None, None]
+        allowed = allowed[None] & attention_mask[:, None, :total].bool()
+        allowed |= columns[None, None, :] == own[None, :, None]
+        return allowed[:, None]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x[B, heads, T, D]`` (transformers' ``apply_rotary_pos_emb``)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,215 @@
+"""The packed-weight forward (engine/packed.py): same numbers as transformers' forward, same
+tokens from the engines, the batched server's masks, rollback, and the kernel selection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine import packed
+from relaxspec.engine.kv import CachedLM, model_logits, new_cache
+from relaxspec.errors import RelaxSpecError
+from relaxspec.methods import build_engine, load_role
+from relaxspec.models import LoadedModel
+from relaxspec.testing import perturbed_copy, tiny_llama
+
+
+def _llama_gqa(vocab: int) -> LlamaForCausalLM:
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=1,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def _qwen2_bias(vocab: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(4)
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128, pad_token_id=1,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # transformers initialises biases to zero: make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+def _pair(model: torch.nn.Module, kernels: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(reference on transformers' forward, copy of the same weights on ``kernels``)."""
+    fast = type(model)(model.config).eval()
+    fast.load_state_dict(model.state_dict())
+    assert packed.attach(fast, kernels) == kernels
+    return model, fast
+
+
+@pytest.mark.parametrize(
+    "build", [tiny_llama, _llama_gqa, _qwen2_bias], ids=["llama", "llama-gqa-tied", "qwen2-bias"]
+)
+def test_packed_fp32_matches_transformers_prefill_decode_and_verify(build):
+    ref, fast = _pair(build(40), "packed")
+    ids = torch.randint(3, 40, (1, 30), generator=torch.Generator().manual_seed(0))
+    caches = new_cache(ref), new_cache(fast)
+    for lo, hi in ((0, 17), (17, 18), (18, 27), (27, 30)):  # prefill, decode, verify-of-9, rest
+        want = model_logits(ref, ids[:, lo:hi], caches[0])
+        got = model_logits(fast, ids[:, lo:hi], caches[1])
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+    assert caches[1].get_seq_length() == 30
+
+
+def test_packed_bf16_is_close_and_keeps_the_argmax():
+    ref, fast = _pair(tiny_llama(40, logit_scale=4.0), "packed-bf16")
+    ids = torch.randint(3, 40, (1, 40), generator=torch.Generator().manual_seed(1))
+    want, got = model_logits(ref, ids, new_cache(ref)), model_logits(fast, ids, new_cache(fast))
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
+def test_logits_to_keep_returns_the_last_positions():
+    _, fast = _pair(tiny_llama(40), "packed")
+    ids = torch.randint(3, 40, (1, 12), generator=torch.Generator().manual_seed(2))
+    full = model_logits(fast, ids, new_cache(fast))
+    last3 = model_logits(fast, ids, new_cache(fast), logits_to_keep=3)
+    torch.testing.assert_close(last3, full[:, -3:], atol=1e-5, rtol=1e-5)
+
+
+def test_batched_rows_with_holes_match_transformers():
+    """The batched server's forward: padding columns in the cache, per-row positions, hole inputs."""
+    ref, fast = _pair(_llama_gqa(40), "packed")
+    gen = torch.Generator().manual_seed(5)
+    past_valid = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0]], dtype=torch.bool)
+    new_valid = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    past_ids = torch.randint(3, 40, past_valid.shape, generator=gen)
+    new_ids = torch.randint(3, 40, new_valid.shape, generator=gen)
+    past_pos = (past_valid.cumsum(1) - 1).clamp(min=0)
+    new_pos = past_valid.sum(1, keepdim=True) + torch.arange(3)
+    results = []
+    for model in (ref, fast):
+        cache = new_cache(model)
+        model_logits(model, past_ids, cache, attention_mask=past_valid.long(), position_ids=past_pos)
+        mask = torch.cat([past_valid, new_valid], dim=1).long()
+        results.append(model_logits(model, new_ids, cache, attention_mask=mask, position_ids=new_pos))
+    assert torch.isfinite(results[1]).all()
+    torch.testing.assert_close(results[1][new_valid], results[0][new_valid], atol=2e-4, rtol=1e-4)
+
+
+def test_rollback_leaves_no_stale_kv():
+    """After a rejected verify, the next forward must see only committed tokens: same logits as a
+    fresh cache fed the committed sequence."""
+    _, fast = _pair(tiny_llama(40), "packed")
+    lm = CachedLM(fast)
+    gen = torch.Generator().manual_seed(6)
+    committed = torch.randint(3, 40, (1, 10), generator=gen)
+    lm.forward(committed)
+    lm.forward(torch.randint(3, 40, (1, 5), generator=gen))  # speculative tokens, rejected
+    lm.rollback(10)
+    nxt = torch.randint(3, 40, (1, 3), generator=gen)
+    got = lm.forward(nxt)
+    fresh = CachedLM(fast)
+    want = fresh.forward(torch.cat([committed, nxt], dim=1))[:, -3:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", ["packed", "packed-bf16"])
+def test_greedy_sd_is_token_identical_to_ar_on_packed_kernels(target, draft, kernels):
+    t_model, fast_target = _pair(target.model, kernels)
+    fast_draft = perturbed_copy(t_model)
+    packed.attach(fast_draft, kernels)
+    tgt, dft = (
+        LoadedModel(fast_target, target.tokenizer, None),
+        LoadedModel(fast_draft, target.tokenizer, None),
+    )
+    params = SamplingParams(temperature=0.0, max_new_tokens=40, seed=0)
+    for prompt in ("w1 w2", "w3 w3 w0", "w5"):
+        ar = build_engine("ar", tgt).generate(prompt, params)
+        sd = build_engine("sd", tgt, dft, k=4).generate(prompt, params)
+        assert sd.tokens == ar.tokens
+        assert sd.stats.verifier_calls < ar.stats.verifier_calls
+
+
+def test_auto_picks_packed_for_llama_and_hf_elsewhere():
+    llama = tiny_llama(40)
+    assert packed.attach(llama, "auto") in ("packed", "packed-bf16")
+    assert packed.kernels_of(llama) == packed.attach(llama, "auto")
+    assert packed.attach(llama, "hf") == "hf" and packed.kernels_of(llama) == "hf"
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    assert packed.unsupported_reason(gpt2) is not None
+    assert packed.attach(gpt2, "auto") == "hf"
+    with pytest.raises(RelaxSpecError, match="cannot run this model: architecture 'gpt2'"):
+        packed.attach(gpt2, "packed")
+    with pytest.raises(RelaxSpecError, match="unknown kernels 'fast'"):
+        packed.attach(llama, "fast")
+
+
+def test_the_packed_forward_is_not_part_of_the_model_state():
+    model = tiny_llama(40)
+    keys = set(model.state_dict())
+    packed.attach(model, "packed")
+    assert set(model.state_dict()) == keys
+    assert not any("packed" in name for name, _ in model.named_modules())
+
+
+def test_load_role_packs_decoding_roles_only(model_dirs):
+    target_dir, _ = model_dirs
+    assert packed.kernels_of(load_role("target", target_dir).model) in ("packed", "packed-bf16")
+    assert packed.kernels_of(load_role("draft", target_dir, "hf").model) == "hf"
+    assert packed.kernels_of(load_role("target", target_dir, "packed").model) == "packed"
+    with pytest.raises(RelaxSpecError, match="unknown kernels"):
+        load_role("target", target_dir, "nope")
+
+
+def test_cli_rejects_bad_kernels_with_one_message(model_dirs):
+    from relaxspec.testing import run_cli
+
+    target_dir, _ = model_dirs
+    base = [
+        "generate",
+        "--method",
+        "ar",
+        "--target",
+        str(target_dir),
+        "--max-new-tokens",
+        "4",
+        "--json",
+        "w1",
+    ]
+    bad = run_cli(*base, "--kernels", "fast")
+    assert bad.returncode == 2 and "error: unknown kernels 'fast'" in bad.stderr
+    vllm = run_cli(*base, "--engine", "vllm", "--kernels", "packed")
+    assert vllm.returncode == 2 and "--kernels applies to our engine" in vllm.stderr
+    ok = run_cli(*base, "--kernels", "packed")
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["tokens"]) == 4
+
+
+def test_bench_refuses_to_resume_on_other_kernels(model_dirs, tmp_path):
+    from relaxspec.eval.bench import BenchConfig, run_bench
+
+    target_dir, draft_dir = model_dirs
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w1 w2", "id": "a"}) + "\n")
+    config = BenchConfig(
+        methods=["ar"], datasets=[str(prompts)], limit=1, max_new_tokens=4, peers=[],
+        out=str(tmp_path / "out"), models={"target": str(target_dir), "draft": str(draft_dir)},
+        progress=False, kernels="packed",
+    )  # fmt: skip
+    run_bench(config)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["models"]["target"]["kernels"] == "packed"
+    config.kernels = "hf"
+    with pytest.raises(RelaxSpecError, match="on packed kernels, this run uses hf"):
+        run_bench(config)
