@@ -11,7 +11,9 @@ from relaxspec.data.corpus import CorpusConfig, build_corpus, read_jsonl
 from relaxspec.data.mathgen import (
     EVAL_SEED_START,
     HELDOUT_MATH_FAMILIES,
+    HELDOUT_PHRASINGS,
     TRAIN_MATH_FAMILIES,
+    TRAIN_PHRASINGS,
     eval_family_seed_problems,
     heldout_family_problems,
 )
@@ -28,6 +30,7 @@ SMALL = CorpusConfig(n_math_train=300, n_math_eval=40, max_code_files=30, n_synt
 def test_new_datasets_are_listed_and_old_ones_unchanged():
     assert {"math", "code", "humaneval"} <= set(DATASETS)
     assert {"synthcode", "synthcode-families", "math-broad", "math-families"} <= set(DATASETS)
+    assert {"synthcode-combos", "math-phrasing"} <= set(DATASETS)
     assert [e.id for e in math_examples(3)] == [f"math-{EVAL_SEED_START + i}" for i in range(3)]
     with pytest.raises(RelaxSpecError, match="synthcode"):
         load_examples("gsm8k", 3)
@@ -83,6 +86,21 @@ def test_math_family_scoring():
             assert ex.score(f"\nx: 1 + 1 = 2\n#### {p.answer + 1}") == 0.0
 
 
+def test_composed_datasets_load():
+    combos = load_examples("synthcode-combos", 30)
+    assert len({e.id for e in combos}) == 30 and load_examples("synthcode-combos", 5) == combos[:5]
+    for e in combos:
+        assert (
+            e.metric == "pass@1" and e.stop == SYNTHCODE_STOP and e.id.split("/")[1] in codegen.HELDOUT_COMBOS
+        )
+    for e in combos[:3]:  # scored through the sandbox like every synthcode task
+        assert e.score(e.problem["canonical_solution"]) == 1.0 and e.score("\n    return None") == 0.0
+    phrasing = load_examples("math-phrasing", 30)
+    assert len({e.id for e in phrasing}) == 30
+    for e in phrasing:
+        assert e.metric == "exact_match" and e.id.split("-")[-2] in HELDOUT_PHRASINGS
+
+
 # --- corpus and training mix ------------------------------------------------------------------------
 
 
@@ -100,15 +118,34 @@ def test_corpus_writes_the_synthetic_splits(corpus, tmp_path):
     assert counts["synthcode_eval"] == counts["synthcode_families_eval"] == counts["math_families_eval"] == 30
     assert manifest["synthcode"]["heldout_families"] == list(codegen.HELDOUT_FAMILIES)
     assert manifest["math_broad"]["heldout_families"] == list(HELDOUT_MATH_FAMILIES)
+    assert counts["synthpipes_train"] == counts["math_styles_train"] == 150
+    assert counts["synthpipes_eval"] == counts["math_phrasing_eval"] == 30
+    assert manifest["synthpipes"]["heldout_combos"] == list(codegen.HELDOUT_COMBOS)
+    assert manifest["math_styles"]["heldout_phrasings"] == list(HELDOUT_PHRASINGS)
     build_corpus(tmp_path, SMALL)  # deterministic
-    for name in ("synthcode_train", "synthcode_eval", "math_broad_train", "math_families_eval"):
+    for name in (
+        "synthcode_train",
+        "synthcode_eval",
+        "math_broad_train",
+        "math_families_eval",
+        "synthpipes_train",
+        "synthpipes_eval",
+        "math_styles_train",
+        "math_phrasing_eval",
+    ):
         assert (corpus / f"{name}.jsonl").read_bytes() == (tmp_path / f"{name}.jsonl").read_bytes()
 
 
 def test_heldout_prompts_never_reach_the_training_files(corpus):
     train_text = "\n".join(
         r["text"]
-        for name in ("synthcode_train", "math_broad_train", "math_train")
+        for name in (
+            "synthcode_train",
+            "math_broad_train",
+            "math_train",
+            "synthpipes_train",
+            "math_styles_train",
+        )
         for r in read_jsonl(corpus / f"{name}.jsonl")
     )
     code_rows = read_jsonl(corpus / "synthcode_train.jsonl")
@@ -116,11 +153,25 @@ def test_heldout_prompts_never_reach_the_training_files(corpus):
     assert {r["family"] for r in code_rows} <= set(codegen.TRAIN_FAMILIES)
     assert {r["family"] for r in math_rows} <= set(TRAIN_MATH_FAMILIES)
     assert max(r["seed"] for r in code_rows + math_rows) < EVAL_SEED_START
+    assert {r["family"] for r in read_jsonl(corpus / "synthpipes_train.jsonl")} <= set(codegen.TRAIN_COMBOS)
+    assert {r["family"] for r in read_jsonl(corpus / "math_styles_train.jsonl")} <= set(TRAIN_PHRASINGS)
     held = [r["prompt"] for name in ("synthcode_eval", "synthcode_families_eval", "math_families_eval")
             for r in read_jsonl(corpus / f"{name}.jsonl")]  # fmt: skip
     held += [
+        r["prompt"]
+        for name in ("synthpipes_eval", "math_phrasing_eval")
+        for r in read_jsonl(corpus / f"{name}.jsonl")
+    ]
+    held += [
         e.prompt
-        for d in ("synthcode", "synthcode-families", "math-families", "math-broad")
+        for d in (
+            "synthcode",
+            "synthcode-families",
+            "math-families",
+            "math-broad",
+            "synthcode-combos",
+            "math-phrasing",
+        )
         for e in load_examples(d, 50)
     ]
     assert held and not [p for p in held if p in train_text]
@@ -141,7 +192,7 @@ def test_training_mix_takes_the_synthetic_sources(corpus, tmp_path):
 
     tok_dir = tmp_path / "tok"
     tokenizer = train_tokenizer(corpus, tok_dir, vocab_size=400, n_math=300)
-    assert set(TRAIN_SOURCES) == {"math", "code", "synthcode", "math_broad"}
+    assert set(TRAIN_SOURCES) == {"math", "code", "synthcode", "math_broad", "synthpipes", "math_styles"}
     weights = {"math": 0.3, "code": 0.2, "synthcode": 0.3, "math_broad": 0.2}
     mixture, heldout = training_data(corpus, tokenizer, weights, seq_len=32, heldout_windows=2)
     assert set(heldout) == {
@@ -152,8 +203,11 @@ def test_training_mix_takes_the_synthetic_sources(corpus, tmp_path):
         "math_families_eval",
     }
     assert mixture.batch(0, 0, 8, 32).shape == (8, 32)
+    composed = {"synthpipes": 0.5, "math_styles": 0.5}
+    _, composed_heldout = training_data(corpus, tokenizer, composed, seq_len=32, heldout_windows=2)
+    assert {"synthpipes_eval", "math_phrasing_eval"} <= set(composed_heldout)
     assert len(load_stream(corpus, "synthcode", tokenizer)) > 1000
-    for bad in ("synthcode_eval", "math_families_eval", "math_eval"):
+    for bad in ("synthcode_eval", "math_families_eval", "math_eval", "synthpipes_eval", "math_phrasing_eval"):
         with pytest.raises(RelaxSpecError, match="cannot train on"):
             training_data(corpus, tokenizer, {"math": 1.0, bad: 0.5}, seq_len=32, heldout_windows=2)
     _, state = train_ar(

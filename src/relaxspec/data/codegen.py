@@ -42,12 +42,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from relaxspec.errors import RelaxSpecError
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: compositional pipeline combinations added (families unchanged)
 EVAL_SEED_START = 1_000_000_000  # seeds below: training; from here on: evaluation
 HELDOUT_SPEC_BUCKETS = 10  # one spec (signature + docstring sentence) in ten is held out
 
@@ -1583,9 +1584,16 @@ def generate_task(seed: int, families: Sequence[str] = TRAIN_FAMILIES) -> CodeTa
         raise RelaxSpecError(f"unknown code task families: {sorted(unknown)}" if unknown else "no families")
     rng = random.Random(seed)
     family = rng.choice(list(families))
+    return _build_task(seed, family, rng, _FAMILIES[family])
+
+
+def _build_task(
+    seed: int, family: str, rng: random.Random, make_spec: Callable[[random.Random], _Spec]
+) -> CodeTask:
+    """Draw a spec with ``make_spec`` (again while it breaks a constraint) and render the task."""
     for _ in range(100):
         try:
-            spec = _FAMILIES[family](rng)
+            spec = make_spec(rng)
             expected = [spec.ref(*copy.deepcopy(args)) for args in spec.inputs]
         except _Retry:
             continue
@@ -1650,3 +1658,555 @@ def eval_tasks(n: int) -> list[CodeTask]:
 def heldout_family_tasks(n: int) -> list[CodeTask]:
     """Held-out families: :data:`HELDOUT_FAMILIES` on the evaluation seeds."""
     return [generate_task(EVAL_SEED_START + i, HELDOUT_FAMILIES) for i in range(n)]
+
+
+# =============================================================================================
+# Compositional pipelines (generator version 2)
+#
+# A pipeline task is one combination of three pieces: a *filter* (which elements to keep), a
+# *map* (what to do with each kept element) and an *aggregator* (what to return), over a list of
+# integers or over the words of a string. Its docstring sentence is composed from the pieces'
+# phrases ("Return the sum of the squares of the even numbers in nums."), its canonical body from
+# the pieces' code, and its expected outputs from the pieces' reference functions (written apart
+# from the code strings). The held-out split is a set of *combinations*: every filter, map and
+# aggregator, and every pair of them that a held-out combination uses, also appears in training
+# combinations, so a held-out combination measures composition of seen pieces.
+
+PIPELINE_HELDOUT_BUCKETS = 8  # about one combination in eight is a held-out candidate
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One filter, map or aggregator: phrases, code and a reference function.
+
+    ``phrases`` are templates: a filter's take ``{xs}`` (the argument) and give a plural noun
+    phrase; a map's take ``{F}`` (that noun phrase); an aggregator's take ``{M}`` (the mapped
+    phrase) and ``{F}`` and give the docstring sentence. ``{c}`` is the piece's drawn constant.
+    ``code`` is the filter's condition or the map's expression over the loop variable (empty for
+    "none"); ``fn(value, c)`` is the reference (a predicate, a map, or an aggregator of a list).
+    """
+
+    key: str
+    word: str  # the piece's fragment of the function name ("" for none)
+    phrases: tuple[str, ...]
+    code: str
+    fn: Callable[..., object]
+    const: tuple[int, int] | tuple[str, ...] | None = None  # range of c, or choices of c
+
+
+def _draw_const(r: random.Random, piece: _Piece) -> object:
+    if piece.const is None:
+        return None
+    if isinstance(piece.const[0], int):
+        return r.randint(*piece.const)
+    return r.choice(piece.const)
+
+
+# --- pieces over lists of integers (loop variable x) -------------------------------------------
+
+LIST_FILTERS: tuple[_Piece, ...] = (
+    _Piece("all", "", ("the numbers in {xs}", "the elements of {xs}"), "", lambda x, c: True),
+    _Piece(
+        "even",
+        "evens",
+        ("the even numbers in {xs}", "the elements of {xs} that are even"),
+        "x % 2 == 0",
+        lambda x, c: not x & 1,
+    ),
+    _Piece(
+        "odd",
+        "odds",
+        ("the odd numbers in {xs}", "the elements of {xs} that are odd"),
+        "x % 2 == 1",
+        lambda x, c: bool(x & 1),
+    ),
+    _Piece(
+        "positive",
+        "positives",
+        ("the positive numbers in {xs}", "the elements of {xs} that are greater than zero"),
+        "x > 0",
+        lambda x, c: not x <= 0,
+    ),
+    _Piece(
+        "negative",
+        "negatives",
+        ("the negative numbers in {xs}", "the elements of {xs} that are below zero"),
+        "x < 0",
+        lambda x, c: not x >= 0,
+    ),
+    _Piece(
+        "above",
+        "above",
+        ("the numbers in {xs} greater than {c}", "the elements of {xs} that are above {c}"),
+        "x > {c}",
+        lambda x, c: not x <= c,
+        (1, 20),
+    ),
+    _Piece(
+        "below",
+        "below",
+        ("the numbers in {xs} less than {c}", "the elements of {xs} that are below {c}"),
+        "x < {c}",
+        lambda x, c: not x >= c,
+        (1, 20),
+    ),
+    _Piece(
+        "multiple",
+        "multiples",
+        ("the multiples of {c} in {xs}", "the elements of {xs} that are divisible by {c}"),
+        "x % {c} == 0",
+        lambda x, c: x - (x // c) * c == 0,
+        (3, 7),
+    ),
+)
+
+LIST_MAPS: tuple[_Piece, ...] = (
+    _Piece("same", "", ("{F}",), "x", lambda x, c: x),
+    _Piece("double", "doubled", ("{F}, each doubled", "the doubles of {F}"), "x * 2", lambda x, c: x + x),
+    _Piece("square", "squared", ("{F}, each squared", "the squares of {F}"), "x * x", lambda x, c: x**2),
+    _Piece("negate", "negated", ("{F}, each negated", "the negatives of {F}"), "-x", lambda x, c: 0 - x),
+    _Piece(
+        "add",
+        "plus",
+        ("{F}, each increased by {c}", "{F} with {c} added to each"),
+        "x + {c}",
+        lambda x, c: x - (-c),
+        (1, 9),
+    ),
+    _Piece(
+        "subtract",
+        "minus",
+        ("{F}, each decreased by {c}", "{F} with {c} subtracted from each"),
+        "x - {c}",
+        lambda x, c: x + (-c),
+        (1, 9),
+    ),
+    _Piece(
+        "abs",
+        "abs",
+        ("{F}, each replaced by its absolute value", "the absolute values of {F}"),
+        "abs(x)",
+        lambda x, c: x if x >= 0 else -x,
+    ),
+    _Piece(
+        "mod",
+        "mod",
+        ("{F}, each taken modulo {c}", "the remainders of {F} divided by {c}"),
+        "x % {c}",
+        lambda x, c: x - (x // c) * c,
+        (3, 9),
+    ),
+)
+
+
+def _first(values: list) -> object:
+    return values[0] if len(values) > 0 else None
+
+
+def _last(values: list) -> object:
+    return values[len(values) - 1] if len(values) > 0 else None
+
+
+LIST_AGGS: tuple[_Piece, ...] = (
+    _Piece(
+        "sum",
+        "sum",
+        ("Return the sum of {M}.", "Add up {M} and return the total."),
+        "int",
+        lambda v, c: _total(v),
+    ),
+    _Piece(
+        "count",
+        "count",
+        ("Return how many of {F} there are.", "Count {F} and return the count."),
+        "int",
+        lambda v, c: len(v),
+    ),
+    _Piece(
+        "max",
+        "max",
+        (
+            "Return the largest of {M}, or 0 if there are none.",
+            "Return the maximum of {M} (0 when there are none).",
+        ),
+        "int",
+        lambda v, c: sorted(v)[-1] if v else 0,
+    ),
+    _Piece(
+        "min",
+        "min",
+        (
+            "Return the smallest of {M}, or 0 if there are none.",
+            "Return the minimum of {M} (0 when there are none).",
+        ),
+        "int",
+        lambda v, c: sorted(v)[0] if v else 0,
+    ),
+    _Piece(
+        "list",
+        "list",
+        ("Return a list of {M}, in their original order.", "Return {M} as a new list, keeping their order."),
+        "list[int]",
+        lambda v, c: list(v),
+    ),
+    _Piece(
+        "first",
+        "first",
+        (
+            "Return the first of {M}, or None if there are none.",
+            "Return the earliest of {M} (None when there are none).",
+        ),
+        "int | None",
+        lambda v, c: _first(v),
+    ),
+    _Piece(
+        "last",
+        "last",
+        (
+            "Return the last of {M}, or None if there are none.",
+            "Return the final one of {M} (None when there are none).",
+        ),
+        "int | None",
+        lambda v, c: _last(v),
+    ),
+    _Piece(
+        "product",
+        "product",
+        (
+            "Return the product of {M} (1 if there are none).",
+            "Multiply {M} together and return the result (1 when there are none).",
+        ),
+        "int",
+        lambda v, c: _product(v),
+    ),
+)
+
+
+def _total(values: list[int]) -> int:
+    out = 0
+    for v in values:
+        out += v
+    return out
+
+
+# --- pieces over the words of a string (loop variable w) ---------------------------------------
+
+STR_FILTERS: tuple[_Piece, ...] = (
+    _Piece("all", "", ("the words of {xs}", "the words in {xs}"), "", lambda w, c: True),
+    _Piece(
+        "long",
+        "long",
+        ("the words of {xs} longer than {c} letters", "the words in {xs} with more than {c} letters"),
+        "len(w) > {c}",
+        lambda w, c: not len(w) <= c,
+        (2, 4),  # WORDS has words of 2 to 5 letters: every boundary is testable
+    ),
+    _Piece(
+        "short",
+        "short",
+        ("the words of {xs} shorter than {c} letters", "the words in {xs} with fewer than {c} letters"),
+        "len(w) < {c}",
+        lambda w, c: not len(w) >= c,
+        (3, 5),
+    ),
+    _Piece(
+        "vowel",
+        "vowel",
+        ("the words of {xs} that start with a vowel", "the words in {xs} beginning with a vowel"),
+        'w[0] in "aeiou"',
+        lambda w, c: w[:1] in ("a", "e", "i", "o", "u"),
+    ),
+    _Piece(
+        "letter",
+        "with",
+        ('the words of {xs} that contain the letter "{c}"', 'the words in {xs} containing "{c}"'),
+        '"{c}" in w',
+        lambda w, c: w.find(c) >= 0,
+        ("a", "e", "i", "o", "r", "s", "t", "n"),
+    ),
+)
+
+STR_MAPS: tuple[_Piece, ...] = (
+    _Piece("same", "", ("{F}",), "w", lambda w, c: w),
+    _Piece(
+        "upper",
+        "upper",
+        ("{F}, in upper case", "{F}, each upper-cased"),
+        "w.upper()",
+        lambda w, c: w.swapcase(),
+    ),
+    _Piece(
+        "reverse",
+        "reversed",
+        ("{F}, each reversed", "{F}, each spelled backwards"),
+        "w[::-1]",
+        lambda w, c: "".join(reversed(w)),
+    ),
+    _Piece(
+        "initial",
+        "initials",
+        ("the first letters of {F}", "{F}, each cut to its first letter"),
+        "w[0]",
+        lambda w, c: w[:1],
+    ),
+    _Piece(
+        "final",
+        "finals",
+        ("the last letters of {F}", "{F}, each cut to its last letter"),
+        "w[-1]",
+        lambda w, c: w[len(w) - 1 :],
+    ),
+    _Piece(
+        "capitalize",
+        "capitalized",
+        ("{F}, each capitalized", "{F}, each with its first letter in upper case"),
+        "w.capitalize()",
+        lambda w, c: w[:1].upper() + w[1:],
+    ),
+)
+
+STR_AGGS: tuple[_Piece, ...] = (
+    _Piece(
+        "list",
+        "list",
+        ("Return a list of {M}, in order.", "Return {M} as a list, keeping their order."),
+        "list[str]",
+        lambda v, c: list(v),
+    ),
+    _Piece(
+        "count",
+        "count",
+        ("Return how many of {F} there are.", "Count {F} and return the count."),
+        "int",
+        lambda v, c: len(v),
+    ),
+    _Piece(
+        "join",
+        "join",
+        ("Return {M}, joined with single spaces.", "Return one string of {M}, separated by spaces."),
+        "str",
+        lambda v, c: _joined(v, " "),
+    ),
+    _Piece(
+        "sep",
+        "join",
+        ('Return {M}, joined with "{c}".', 'Return one string of {M}, separated by "{c}".'),
+        "str",
+        lambda v, c: _joined(v, c),
+        ("-", ",", "_", "/", "+"),
+    ),
+    _Piece(
+        "concat",
+        "concat",
+        ("Return {M} glued together into one string.", "Return the concatenation of {M}, with no separator."),
+        "str",
+        lambda v, c: _joined(v, ""),
+    ),
+    _Piece(
+        "first",
+        "first",
+        (
+            'Return the first of {M}, or "" if there are none.',
+            'Return the earliest of {M} ("" when there are none).',
+        ),
+        "str",
+        lambda v, c: v[0] if v else "",
+    ),
+    _Piece(
+        "last",
+        "last",
+        (
+            'Return the last of {M}, or "" if there are none.',
+            'Return the final one of {M} ("" when there are none).',
+        ),
+        "str",
+        lambda v, c: v[-1] if v else "",
+    ),
+)
+
+
+def _joined(values: list[str], sep: str) -> str:
+    out = ""
+    for i, v in enumerate(values):
+        out += (sep if i else "") + v
+    return out
+
+
+_PIECES = {
+    "list": (LIST_FILTERS, LIST_MAPS, LIST_AGGS),
+    "str": (STR_FILTERS, STR_MAPS, STR_AGGS),
+}
+
+
+def _combo_name(kind: str, f: str, m: str, a: str) -> str:
+    return f"pipe.{kind}.{f}.{m}.{a}"
+
+
+def _all_combos() -> tuple[str, ...]:
+    """Every valid combination (a count ignores the map, so it goes with "same" only)."""
+    out = []
+    for kind, (filters, maps, aggs) in _PIECES.items():
+        for f in filters:
+            for m in maps:
+                for a in aggs:
+                    if a.key == "count" and m.key != "same":
+                        continue
+                    out.append(_combo_name(kind, f.key, m.key, a.key))
+    return tuple(out)
+
+
+def _parts(combo: str) -> tuple[str, str, str, str]:
+    _, kind, f, m, a = combo.split(".")
+    return kind, f, m, a
+
+
+def _pairs(combo: str) -> set[tuple[str, ...]]:
+    kind, f, m, a = _parts(combo)
+    return {(kind, "f", f, "m", m), (kind, "f", f, "a", a), (kind, "m", m, "a", a)}
+
+
+def _choose_heldout(combos: tuple[str, ...]) -> tuple[str, ...]:
+    """Held-out combinations: candidates by hash bucket, taken in hash order only while every
+    pair of pieces they use (filter-map, filter-aggregator, map-aggregator) stays in training.
+
+    A candidate must also do something beyond a single piece (a real filter or a real map).
+    """
+
+    def h(c: str) -> int:
+        return int.from_bytes(hashlib.sha1(c.encode()).digest()[:4], "big")
+
+    train_pairs: Counter[tuple[str, ...]] = Counter(p for c in combos for p in _pairs(c))
+    held: list[str] = []
+    for combo in sorted(combos, key=h):
+        _, f, m, _ = _parts(combo)
+        if h(combo) % PIPELINE_HELDOUT_BUCKETS or (f == "all" and m == "same"):
+            continue
+        if all(train_pairs[p] > 1 for p in _pairs(combo)):
+            held.append(combo)
+            train_pairs.subtract(_pairs(combo))
+    return tuple(sorted(held))
+
+
+PIPELINE_COMBOS: tuple[str, ...] = _all_combos()
+HELDOUT_COMBOS: tuple[str, ...] = _choose_heldout(PIPELINE_COMBOS)
+TRAIN_COMBOS: tuple[str, ...] = tuple(c for c in PIPELINE_COMBOS if c not in set(HELDOUT_COMBOS))
+
+
+def _piece(pieces: tuple[_Piece, ...], key: str) -> _Piece:
+    return next(p for p in pieces if p.key == key)
+
+
+def _pipeline_spec(r: random.Random, combo: str) -> _Spec:
+    """The spec of one pipeline combination: constants, argument name, docs, body and inputs."""
+    kind, fk, mk, ak = _parts(combo)
+    filters, maps, aggs = _PIECES[kind]
+    f, m, a = _piece(filters, fk), _piece(maps, mk), _piece(aggs, ak)
+    fc, mc, ac = _draw_const(r, f), _draw_const(r, m), _draw_const(r, a)
+    var = "x" if kind == "list" else "w"
+    xs = r.choice(LIST_ARGS if kind == "list" else STR_ARGS)
+    source = xs if kind == "list" else f"{xs}.split()"
+    cond = f.code.format(c=fc)
+    expr = m.code.format(c=mc)
+    docs = tuple(
+        ap.format(M=mp.format(F=fp.format(xs=xs, c=fc), c=mc), F=fp.format(xs=xs, c=fc), c=ac)
+        for ap in a.phrases
+        for mp in m.phrases
+        for fp in f.phrases
+    )
+    body = _pipeline_body(kind, a.key, ac, var, source, cond, expr, identity=not cond and expr == var)
+
+    def ref(value: object) -> object:
+        items = value if kind == "list" else str(value).split()
+        kept = [it for it in items if f.fn(it, fc)]
+        return a.fn([m.fn(it, mc) for it in kept], ac)
+
+    word = "_".join(p for p in (a.word, f.word + (f"_{fc}" if fk == "letter" else ""), m.word) if p)
+    # "_words" / "_values" keep a bare aggregator name from shadowing a builtin (sum, max, list)
+    word += "_words" if kind == "str" else "" if "_" in word else "_values"
+    names = (word, word, word, r.choice(("solve", "compute", "process", "transform")))
+    return _Spec(
+        names=names,
+        params=((xs, "list[int]" if kind == "list" else "str"),),
+        returns=a.code,
+        docs=docs,
+        body=body,
+        ref=ref,
+        inputs=_pipeline_inputs(r, kind, fk, fc, ak),
+    )
+
+
+def _pipeline_body(
+    kind: str, agg: str, const: object, var: str, source: str, cond: str, expr: str, identity: bool
+) -> tuple[str, ...]:
+    """The canonical body: a comprehension or generator for most aggregators, a loop for a product."""
+    gen = f"{expr} for {var} in {source}" + (f" if {cond}" if cond else "")
+    empty = "None" if kind == "list" else '""'
+    if agg == "count":
+        return (f"return len({source})",) if identity else (f"return sum(1 for {var} in {source} if {cond})",)
+    if agg == "sum":
+        return (f"return sum({source})",) if identity else (f"return sum({gen})",)
+    if agg in ("max", "min"):
+        return (f"return {agg}({source}, default=0)",) if identity else (f"return {agg}(({gen}), default=0)",)
+    if agg == "list":
+        return (
+            (f"return list({source})",)
+            if identity and kind == "list"
+            else ((f"return {source}",) if identity else (f"return [{gen}]",))
+        )
+    if agg == "first":
+        return (f"return next(({gen}), {empty})",)
+    if agg == "last":
+        return (f"values = [{gen}]", f"return values[-1] if values else {empty}")
+    if agg == "product":
+        lines = ["result = 1", f"for {var} in {source}:"]
+        lines += [f"    if {cond}:", f"        result *= {expr}"] if cond else [f"    result *= {expr}"]
+        return (*lines, "return result")
+    sep = {"join": " ", "concat": ""}.get(agg, const)
+    return (f'return "{sep}".join({gen})',)
+
+
+def _pipeline_inputs(r: random.Random, kind: str, fk: str, fc: object, agg: str) -> list[tuple]:
+    """Edge cases that pin the filter's boundary and the empty case, then random inputs."""
+    if kind == "list":
+        small = {"lo": -9, "hi": 12, "n_hi": 5} if agg == "product" else {}
+        inputs: list[tuple] = [([],)]
+        if fk in ("above", "below"):
+            inputs += [([fc],), ([fc + 1, fc - 1],), ([fc - 2, fc, fc + 3],)]
+        elif fk == "multiple":
+            inputs += [([fc],), ([fc + 1, fc * 2, 1],)]
+        else:  # sign and parity boundaries: 0, 1 and -1 each first, last and alone
+            inputs += [([r.choice([-3, -1, 1, 2, 4, 5, 7])],), ([-4, -1, 0, 1, 3, 6],), ([0, 1],), ([-1, 0],)]
+        return inputs + [(_ints(r, **small),) for _ in range(3)]
+    inputs = [("",)]
+    if fk in ("long", "short"):
+        c = int(fc)  # words of the boundary lengths c - 1, c and c + 1
+        inputs += [(" ".join([w for w in WORDS if len(w) == n][:2]),) for n in (c - 1, c, c + 1)]
+    elif fk == "letter":
+        inputs += [(" ".join(w for w in WORDS[:12] if str(fc) in w) or str(fc),)]
+    else:
+        inputs += [("owl egg tree ice",)]
+    return inputs + [(_sentence(r),) for _ in range(3)]
+
+
+def generate_pipeline_task(seed: int, combos: Sequence[str] = TRAIN_COMBOS) -> CodeTask:
+    """The pipeline task for ``seed`` drawn from ``combos``: deterministic."""
+    unknown = set(combos) - set(PIPELINE_COMBOS)
+    if unknown or not combos:
+        raise RelaxSpecError(
+            f"unknown pipeline combinations: {sorted(unknown)[:3]}" if unknown else "no combinations"
+        )
+    rng = random.Random(seed)
+    combo = rng.choice(list(combos))
+    return _build_task(seed, combo, rng, lambda r: _pipeline_spec(r, combo))
+
+
+def train_pipeline_tasks(n: int, start: int = 0) -> list[CodeTask]:
+    """``n`` training pipeline tasks: training combinations, seeds ``start .. start + n - 1``."""
+    if start + n > EVAL_SEED_START:
+        raise ValueError("training seeds would overlap the evaluation range")
+    return [generate_pipeline_task(seed, TRAIN_COMBOS) for seed in range(start, start + n)]
+
+
+def heldout_combo_tasks(n: int) -> list[CodeTask]:
+    """Held-out combinations (:data:`HELDOUT_COMBOS`) on the evaluation seeds."""
+    return [generate_pipeline_task(EVAL_SEED_START + i, HELDOUT_COMBOS) for i in range(n)]

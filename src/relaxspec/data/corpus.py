@@ -15,7 +15,12 @@
   trained on).
 - ``math_broad_train.jsonl`` — ``{"seed", "family", "steps", "text"}``: the broadened math
   generator's training families (1–6 steps); ``math_families_eval.jsonl`` — ``{"seed", "family",
-  "prompt", "solution", "answer", "steps", "text"}`` of its held-out phrasing families.
+  "prompt", "solution", "answer", "steps", "text"}`` of its held-out scenario families.
+- ``synthpipes_train.jsonl`` — compositional pipeline code tasks (filter × map × aggregator) of
+  the training combinations; ``synthpipes_eval.jsonl`` — the held-out combinations.
+- ``math_styles_train.jsonl`` — the broadened math scenarios rendered in phrasing styles, training
+  (scenario, style) pairs only; ``math_phrasing_eval.jsonl`` — the held-out (scenario, style)
+  pairs (held-out phrasing families).
 - ``manifest.json`` — Python version, counts, held-out module list, characters per source.
 
 Token counts and the mixing ratio are recorded by the training code once a tokenizer exists
@@ -35,11 +40,15 @@ from relaxspec.data import codegen
 from relaxspec.data.mathgen import (
     EVAL_SEED_START,
     HELDOUT_MATH_FAMILIES,
+    HELDOUT_PHRASINGS,
     TRAIN_MATH_FAMILIES,
+    TRAIN_PHRASINGS,
     eval_problems,
     generate_problem,
     heldout_family_problems,
+    heldout_phrasing_problems,
     train_family_problems,
+    train_styled_problems,
 )
 from relaxspec.errors import RelaxSpecError
 
@@ -58,6 +67,9 @@ class CorpusConfig:
     n_synthcode_train: int | None = None
     n_math_broad_train: int | None = None
     n_synth_eval: int = 500  # each of the held-out synthcode / math-families eval files
+    # compositional code pipelines and math phrasing styles; None: n_math_train // 2
+    n_pipes_train: int | None = None
+    n_math_styles_train: int | None = None
 
     def sizes(self) -> tuple[int, int]:
         """(synthcode training tasks, broadened math training problems)."""
@@ -65,6 +77,14 @@ class CorpusConfig:
         return (
             half if self.n_synthcode_train is None else self.n_synthcode_train,
             half if self.n_math_broad_train is None else self.n_math_broad_train,
+        )
+
+    def composed_sizes(self) -> tuple[int, int]:
+        """(pipeline code training tasks, styled math training problems)."""
+        half = max(1, self.n_math_train // 2)
+        return (
+            half if self.n_pipes_train is None else self.n_pipes_train,
+            half if self.n_math_styles_train is None else self.n_math_styles_train,
         )
 
 
@@ -130,7 +150,10 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
     n_synthcode, n_math_broad = config.sizes()
     if n_synthcode < 1 or n_math_broad < 1 or config.n_synth_eval < 1:
         raise RelaxSpecError("n_synthcode_train, n_math_broad_train and n_synth_eval must be at least 1")
-    if max(n_synthcode, n_math_broad) > EVAL_SEED_START // 2:
+    n_pipes, n_styles = config.composed_sizes()
+    if n_pipes < 1 or n_styles < 1:
+        raise RelaxSpecError("n_pipes_train and n_math_styles_train must be at least 1")
+    if max(n_synthcode, n_math_broad, n_pipes, n_styles) > EVAL_SEED_START // 2:
         raise RelaxSpecError(f"n_synthcode_train and n_math_broad_train must be below {EVAL_SEED_START // 2}")
     out = Path(out_dir)
     try:
@@ -154,6 +177,7 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
     train_texts = {r["text"].split("\nAnswer:")[0] for r in math_train}
     math_eval = [r for r in math_eval if r["prompt"].split("\nAnswer:")[0] not in train_texts]
     synth = synthetic_rows(n_synthcode, n_math_broad, config.n_synth_eval)
+    synth.update(composed_rows(n_pipes, n_styles, config.n_synth_eval))
 
     for name, rows in [
         ("code_train", code_train),
@@ -180,6 +204,8 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
             "math_train": sum(len(r["text"]) for r in math_train),
             "synthcode_train": sum(len(r["text"]) for r in synth["synthcode_train"]),
             "math_broad_train": sum(len(r["text"]) for r in synth["math_broad_train"]),
+            "synthpipes_train": sum(len(r["text"]) for r in synth["synthpipes_train"]),
+            "math_styles_train": sum(len(r["text"]) for r in synth["math_styles_train"]),
         },
         "heldout_modules": [r["path"] for r in code_eval],
         "math_eval_seed_start": EVAL_SEED_START,
@@ -191,6 +217,15 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
         "math_broad": {
             "train_families": list(TRAIN_MATH_FAMILIES),
             "heldout_families": list(HELDOUT_MATH_FAMILIES),
+        },
+        "synthpipes": {
+            "generator_version": codegen.GENERATOR_VERSION,
+            "train_combos": len(codegen.TRAIN_COMBOS),
+            "heldout_combos": list(codegen.HELDOUT_COMBOS),
+        },
+        "math_styles": {
+            "train_phrasings": list(TRAIN_PHRASINGS),
+            "heldout_phrasings": list(HELDOUT_PHRASINGS),
         },
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -234,5 +269,42 @@ def synthetic_rows(n_synthcode: int, n_math_broad: int, n_eval: int) -> dict[str
                 "text": p.text,
             }
             for p in math_fams
+        ],
+    }
+
+
+def composed_rows(n_pipes: int, n_styles: int, n_eval: int) -> dict[str, list[dict]]:
+    """The compositional files: pipeline code tasks and styled math, training and held-out.
+
+    Held-out combinations and (scenario, style) pairs are never generated for training; the
+    check below also makes sure no held-out prompt appears verbatim in the training rows.
+    """
+    pipes_train = codegen.train_pipeline_tasks(n_pipes)
+    pipes_eval = codegen.heldout_combo_tasks(n_eval)
+    styles_train = train_styled_problems(n_styles)
+    phrasing_eval = heldout_phrasing_problems(n_eval)
+    train_prompts = {t.prompt for t in pipes_train} | {p.prompt for p in styles_train}
+    held = [t.prompt for t in pipes_eval] + [p.prompt for p in phrasing_eval]
+    if train_prompts.intersection(held):  # pragma: no cover - excluded by construction
+        raise RelaxSpecError("a held-out compositional prompt is in the training split")
+    return {
+        "synthpipes_train": [{"seed": t.seed, "family": t.family, "text": t.text} for t in pipes_train],
+        "synthpipes_eval": [
+            {"seed": t.seed, "family": t.family, "prompt": t.prompt, "text": t.text} for t in pipes_eval
+        ],
+        "math_styles_train": [
+            {"seed": p.seed, "family": p.family, "steps": p.steps, "text": p.text} for p in styles_train
+        ],
+        "math_phrasing_eval": [
+            {
+                "seed": p.seed,
+                "family": p.family,
+                "prompt": p.prompt,
+                "solution": p.solution,
+                "answer": p.answer,
+                "steps": p.steps,
+                "text": p.text,
+            }
+            for p in phrasing_eval
         ],
     }

@@ -32,10 +32,15 @@ SOURCES = {
     "synthcode_eval": "synthcode_eval",
     "synthcode_families_eval": "synthcode_families_eval",
     "math_families_eval": "math_families_eval",
+    # compositional code pipelines and math phrasing styles (held-out combinations / phrasings)
+    "synthpipes": "synthpipes_train",
+    "math_styles": "math_styles_train",
+    "synthpipes_eval": "synthpipes_eval",
+    "math_phrasing_eval": "math_phrasing_eval",
 }
 # The sources a training mixture may draw from (``--mixture math=0.4,synthcode=0.3,...``); the
 # others are held out.
-TRAIN_SOURCES = ("math", "code", "synthcode", "math_broad")
+TRAIN_SOURCES = ("math", "code", "synthcode", "math_broad", "synthpipes", "math_styles")
 
 
 def _tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -133,6 +138,10 @@ def training_data(
         names += ["synthcode_eval", "synthcode_families_eval"]
     if "math_broad" in weights:
         names += ["math_families_eval"]
+    if "synthpipes" in weights:
+        names += ["synthpipes_eval"]
+    if "math_styles" in weights:
+        names += ["math_phrasing_eval"]
     heldout = {
         name: fixed_windows(load_stream(corpus_dir, name, tokenizer), heldout_windows, seq_len)
         for name in names

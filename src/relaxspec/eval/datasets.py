@@ -13,9 +13,13 @@ so the benchmark, ``relaxspec eval`` and the report treat them alike. Quality me
 - ``synthcode`` / ``synthcode-families``: pass@1 of the project's synthetic code tasks
   (:mod:`relaxspec.data.codegen`) on held-out seeds of the training families / on the held-out
   families, scored exactly like HumanEval (same :class:`Example` ``problem`` path and sandbox);
+- ``synthcode-combos``: the same pass@1 on the held-out *combinations* of the compositional
+  pipeline tasks (filter × map × aggregator; every piece and pair of pieces trained elsewhere);
 - ``math-broad`` / ``math-families``: exact match on the broadened math generator's held-out
-  seeds of its training families / on its held-out phrasing families
+  seeds of its training families / on its held-out *scenario* families (new story types)
   (:mod:`relaxspec.data.mathgen`); ``math`` stays the original generator's held-out seeds;
+- ``math-phrasing``: exact match on held-out *phrasing* families: training scenarios rendered in
+  a phrasing style never trained with that scenario (the style is trained with others);
 - a ``.jsonl`` prompt file: exact match where a row gives an integer ``answer``.
 """
 
@@ -26,7 +30,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from relaxspec.data.codegen import CodeTask, eval_tasks, heldout_family_tasks
+from relaxspec.data.codegen import CodeTask, eval_tasks, heldout_combo_tasks, heldout_family_tasks
 from relaxspec.data.corpus import is_heldout_module, stdlib_modules
 from relaxspec.data.mathgen import (
     MathProblem,
@@ -34,6 +38,7 @@ from relaxspec.data.mathgen import (
     eval_problems,
     extract_answer,
     heldout_family_problems,
+    heldout_phrasing_problems,
 )
 from relaxspec.errors import RelaxSpecError
 
@@ -44,7 +49,17 @@ HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 # Synthetic code tasks: the same, plus the other top-level starts a model trained on them writes
 # after a body (a test, a decorator, an import)
 SYNTHCODE_STOP = (*HUMANEVAL_STOP, "\nassert", "\n@", "\nfrom ", "\nimport ")
-DATASETS = ("math", "code", "humaneval", "synthcode", "synthcode-families", "math-broad", "math-families")
+DATASETS = (
+    "math",
+    "code",
+    "humaneval",
+    "synthcode",
+    "synthcode-families",
+    "synthcode-combos",
+    "math-broad",
+    "math-families",
+    "math-phrasing",
+)
 
 
 @dataclass
@@ -102,7 +117,7 @@ def _math_rows(problems: list[MathProblem], prefix: str) -> list[Example]:
 
 
 def math_family_examples(limit: int, heldout_families: bool = True) -> list[Example]:
-    """The broadened math generator: held-out phrasing families, or held-out seeds (``False``)."""
+    """The broadened math generator: held-out scenario families, or held-out seeds (``False``)."""
     if heldout_families:
         return _math_rows(heldout_family_problems(limit), "math-families")
     return _math_rows(eval_family_seed_problems(limit), "math-broad")
@@ -206,8 +221,12 @@ def load_examples(dataset: str, limit: int) -> list[Example]:
         examples = humaneval_examples(limit)
     elif dataset in ("synthcode", "synthcode-families"):
         examples = synthcode_examples(limit, heldout_families=dataset == "synthcode-families")
+    elif dataset == "synthcode-combos":
+        examples = [_code_task_example(t) for t in heldout_combo_tasks(limit)]
     elif dataset in ("math-broad", "math-families"):
         examples = math_family_examples(limit, heldout_families=dataset == "math-families")
+    elif dataset == "math-phrasing":
+        examples = _math_rows(heldout_phrasing_problems(limit), "math-phrasing")
     elif dataset.endswith(".jsonl"):
         examples = file_examples(dataset, limit)
     else:
