@@ -31,6 +31,12 @@ Splits, all deterministic:
   training relatives (``sum_odds`` next to ``sum_evens`` and ``count_odds``, ``running_min`` next
   to ``running_max``), so it measures composition of learned pieces, not new knowledge.
 
+**Pipelines** (generator version 2, end of this module): tasks composed of a filter, a map and an
+aggregator over a list of integers or the words of a string (:data:`PIPELINE_COMBOS`, 641
+combinations). :data:`HELDOUT_COMBOS` (68) are never generated for training, and every piece and
+every pair of pieces they use is in some training combination (:data:`TRAIN_COMBOS`), so they
+measure composition of seen pieces (:func:`train_pipeline_tasks`, :func:`heldout_combo_tasks`).
+
 The training document is ``prompt + solution``; the solution starts with ``"\\n    "`` (the prompt
 ends at the closing quotes, as the HumanEval prompts do in :mod:`relaxspec.eval.datasets`) and
 ends at the last line of the body, where the next document's ``<|endoftext|>`` follows.

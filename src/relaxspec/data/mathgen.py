@@ -25,9 +25,16 @@ coins, sharing, a car park, and the held-out bus, legs, orchard, tank, ages and 
 names, objects, verbs, distractors and question forms. Its splits: training families on training
 seeds (:func:`train_family_problems`), held-out seeds of the same families
 (:func:`eval_family_seed_problems`; a question is held out by its hash, so the two can never
-share a question), and held-out phrasing families never generated for training
+share a question), and held-out scenario families (new story types) never generated for training
 (:func:`heldout_family_problems`). ``generate_problem`` and the seed ranges above are unchanged:
 the original problems stay byte-identical (tests/test_mathgen_families.py pins them).
+
+**Phrasing styles** (:func:`generate_styled_problem`, end of this module) render the training
+scenarios' stories in six styles (as written, question first, numbered facts, connectives, small
+numbers spelled out, semicolons). A held-out *phrasing family* is a (scenario, style) pair never
+trained (:data:`HELDOUT_PHRASINGS`, one per scenario), while the scenario is trained in its other
+styles and the style with other scenarios (:func:`train_styled_problems`,
+:func:`heldout_phrasing_problems`).
 """
 
 from __future__ import annotations
