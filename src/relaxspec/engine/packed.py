@@ -1,6 +1,6 @@
 """A packed-weight forward for Llama-family causal LMs on CPU (issue 14; gpt-fast's ``model.py``).
 
-Why it exists (docs/performance.md §7, measured with ``scripts/kernels_compare.py``): a decode
+Why it exists (docs/performance.md §2, measured with ``scripts/verify_cost.py``): a decode
 step of the bundled target through transformers' forward spends most of its time in
 ``F.linear`` on weights that do not fit the 32 MiB L3 cache, and ~40 % more in the ~50 small ops
 per layer around them. Reordering each weight once into oneDNN's blocked layout
