@@ -168,12 +168,14 @@ def test_measured_cycles_override_the_forward_prediction():
     for _ in range(30):
         policy.observe_cycle(0, policy.predicted_seconds(1, 0))
     assert policy.choose(4) == 0
-    # another batch size: unmeasured cells use that bucket's ratio, else the global one
+    # another batch size: unmeasured cells add K + 1 rounds of that bucket's per-round overhead,
+    # else of the global one
     rows["n"] = 6
     costs = policy.cycles
-    assert costs.estimate(3, 2, 1.0) == pytest.approx(costs.global_ratio)
-    costs.observe(3, 0, 2.0, 1.0)
-    assert costs.estimate(3, 1, 1.0) == pytest.approx(2.0)
+    assert costs.estimate(3, 2, 1.0) == pytest.approx(1.0 + 3 * costs.global_overhead)
+    costs.observe(3, 0, 2.0, 1.0)  # an AR cycle 1 s over its forward: 1 s per round
+    assert costs.estimate(3, 1, 1.0) == pytest.approx(1.0 + 2 * 1.0)
+    assert costs.estimate(3, 4, 3.0) == pytest.approx(3.0 + 5 * 1.0)
     assert rows_bucket(1) == 0 and rows_bucket(2) == 1 and rows_bucket(4) == 2 and rows_bucket(5) == 3
 
 
@@ -252,3 +254,28 @@ def test_one_decision_holds_for_every_row_until_it_expires_or_the_batch_changes(
     policy.cycles.cells = {key: v for key, v in policy.cycles.cells.items() if key[1] == 0}
     rows["n"] = 2  # another batch-size bucket decides at once
     assert policy.choose(8) > 0
+
+
+def test_per_round_overhead_measured_at_ar_keeps_a_batch_at_ar():
+    """A batched AR cycle that costs 3x its forward (lockstep overhead) prices every round a
+    drafting cycle would add: after the AR baseline the policy stays at AR, though the forwards
+    alone favour speculation at this acceptance (α₁ ≈ 0.6); with little overhead it drafts."""
+
+    def policy_after_ar_cycles(ar_factor: float) -> GoodputDraftLength:
+        policy = GoodputDraftLength(
+            CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 8, probe_interval=1e9, decision_seconds=0.0
+        )
+        for i in range(40):
+            policy.observe(1, 1 if i % 5 < 3 else 0)
+        for _ in range(5):
+            policy.observe_cycle(0, ar_factor * policy.predicted_seconds(8, 0))
+        return policy
+
+    heavy = policy_after_ar_cycles(3.0)
+    rates = heavy.tracker.rates()
+    assert 0.5 < rates[0] < 0.7
+    forwards_only = [expected_tokens(rates, k) / heavy.predicted_seconds(8, k) for k in range(5)]
+    assert max(range(5), key=forwards_only.__getitem__) > 0
+    assert heavy.cycles.overhead(rows_bucket(8)) == pytest.approx(2 * heavy.predicted_seconds(8, 0))
+    assert heavy.choose(4) == 0
+    assert policy_after_ar_cycles(1.05).choose(4) > 0

@@ -18,9 +18,10 @@ processes, batching holes), and B the number of rows that share the step (1 with
 Forwards are not the whole cycle: sampling and the rule over K + 1 full-vocabulary rows, text
 and stop strings, and the wait for the other rows of a lockstep batch all grow with B and K. So
 the policy also times every whole cycle (:class:`CycleCosts`): where a (B, K) cell was measured,
-its measured seconds replace the prediction; elsewhere the prediction is scaled by the measured /
-predicted ratio of B's bucket. Because ``K = 0`` is always a candidate, the policy only
-speculates where it expects more tokens per second than AR.
+its measured seconds replace the prediction; elsewhere the prediction adds K + 1 rounds of the
+per-round overhead measured in B's bucket (a lockstep round costs the same thread wake-ups and
+bookkeeping whether it runs a draft or a verify forward). Because ``K = 0`` is always a
+candidate, the policy only speculates where it expects more tokens per second than AR.
 
 One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
 so the rows of a lockstep batch draft alike. A policy that settles on K = 0 stops seeing
@@ -236,36 +237,47 @@ class CycleCosts:
     """Measured seconds of whole cycles, per (batch-size bucket, K): the median of each cell's
     last ``window`` cycles (robust to the slow cycles around a change of decision).
 
-    ``estimate`` returns the measured cell where there is one, else ``predicted`` × the bucket's
-    measured / predicted ratio (the global ratio for a bucket never seen, 1 before any cycle).
+    ``estimate`` returns the measured cell where there is one, else the forwards' ``predicted``
+    seconds plus ``K + 1`` rounds of the bucket's measured per-round overhead. A cycle at draft
+    length K is K + 1 rounds (K draft forwards, one verify): in a lockstep batch each round also
+    pays the wake-up of every row's thread, their sampling and bookkeeping under the GIL and the
+    batch's masks, a cost that scales with rounds and rows, not with the forward's tokens. It is
+    learned from every measured cycle as ``(seconds − predicted) / (K + 1)``, so the AR baseline
+    (one round) alone already prices the rounds a K > 0 cycle would add. A bucket never measured
+    uses the global overhead (0 before any cycle).
     """
 
     rate: float = 0.1
     window: int = 16
     cells: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
-    ratios: dict[int, float] = field(default_factory=dict)
-    global_ratio: float | None = None
+    overheads: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per round
+    global_overhead: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def observe(self, bucket: int, k: int, seconds: float, predicted: float) -> None:
         if not (seconds > 0) or not np.isfinite(seconds) or not (predicted > 0):
             return
+        per_round = max(0.0, seconds - predicted) / (k + 1)
         with self._lock:
             self.cells.setdefault((bucket, k), deque(maxlen=self.window)).append(seconds)
-            self.ratios[bucket] = ema(self.ratios.get(bucket), seconds / predicted, self.rate)
-            self.global_ratio = ema(self.global_ratio, seconds / predicted, self.rate)
+            self.overheads[bucket] = ema(self.overheads.get(bucket), per_round, self.rate)
+            self.global_overhead = ema(self.global_overhead, per_round, self.rate)
 
     def measured(self, bucket: int, k: int) -> bool:
         with self._lock:
             return bool(self.cells.get((bucket, k)))
+
+    def overhead(self, bucket: int) -> float:
+        """Seconds per round beyond the forwards in ``bucket`` (the global value if unmeasured)."""
+        with self._lock:
+            return self.overheads.get(bucket, self.global_overhead or 0.0)
 
     def estimate(self, bucket: int, k: int, predicted: float) -> float:
         with self._lock:
             measured = self.cells.get((bucket, k))
             if measured:
                 return float(np.median(measured))
-            ratio = self.ratios.get(bucket, self.global_ratio if self.global_ratio is not None else 1.0)
-        return predicted * ratio
+        return predicted + (k + 1) * self.overhead(bucket)
 
 
 @dataclass
