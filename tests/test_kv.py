@@ -86,3 +86,26 @@ def test_crop_and_assign_follow_transformers_contract(model):
     assert torch.equal(layer.keys, replacement) and torch.equal(layer.values, -replacement)
     layer.update(k[:1, :, :2], k[:1, :, :2])
     assert layer.get_seq_length() == 9 and torch.equal(layer.keys[:, :, :7], replacement)
+
+
+def test_rows_join_and_leave_a_position_layer_like_concatenation():
+    """append_layer_row / select_layer_rows on position layers = pad + cat / index on tensors."""
+    from relaxspec.engine.kv import append_layer_row, select_layer_rows
+
+    gen = torch.Generator().manual_seed(0)
+    base_k, base_v = torch.randn(2, 3, 7, 4, generator=gen), torch.randn(2, 3, 7, 4, generator=gen)
+    new_k, new_v = torch.randn(1, 3, 5, 4, generator=gen), torch.randn(1, 3, 5, 4, generator=gen)
+    layer = PositionLayer(max_length=64)
+    layer.update(base_k, base_v)
+    append_layer_row(layer, new_k, new_v)
+    want_k = torch.cat([base_k, torch.nn.functional.pad(new_k, (0, 0, 2, 0))])
+    want_v = torch.cat([base_v, torch.nn.functional.pad(new_v, (0, 0, 2, 0))])
+    assert torch.equal(layer.keys, want_k) and torch.equal(layer.values, want_v)
+    # the next step writes every row at the end, as before
+    step_k, step_v = torch.randn(3, 3, 1, 4, generator=gen), torch.randn(3, 3, 1, 4, generator=gen)
+    keys, values = layer.update(step_k, step_v)
+    assert torch.equal(keys, torch.cat([want_k, step_k], dim=2))
+    assert torch.equal(values, torch.cat([want_v, step_v], dim=2))
+    select_layer_rows(layer, torch.tensor([2, 0]))
+    assert torch.equal(layer.keys, torch.cat([want_k, step_k], dim=2)[[2, 0]])
+    assert layer.get_seq_length() == 8

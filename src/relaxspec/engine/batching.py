@@ -51,7 +51,15 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from relaxspec.core.sampling import check_finite
-from relaxspec.engine.kv import CachedLM, lm_factory, model_logits, new_cache, set_layer_kv
+from relaxspec.engine.kv import (
+    CachedLM,
+    append_layer_row,
+    lm_factory,
+    model_logits,
+    new_cache,
+    select_layer_rows,
+    set_layer_kv,
+)
 from relaxspec.errors import Cancelled
 
 CANCEL_POLL_SECONDS = 0.05  # how often a waiting generation checks its cancel event
@@ -115,10 +123,7 @@ class SharedCache:
             self._pad_front(n - T)
             T = n
         for mine, theirs in zip(_layers(self.cache), _layers(single), strict=True):
-            pad = T - n
-            k = torch.nn.functional.pad(theirs.keys, (0, 0, pad, 0))
-            v = torch.nn.functional.pad(theirs.values, (0, 0, pad, 0))
-            set_layer_kv(mine, torch.cat([mine.keys, k], dim=0), torch.cat([mine.values, v], dim=0))
+            append_layer_row(mine, theirs.keys, theirs.values)
         valid = torch.zeros((1, T), dtype=torch.bool)
         valid[0, T - n :] = True
         position = torch.full((1, T), -1, dtype=torch.long)
@@ -142,7 +147,7 @@ class SharedCache:
             return
         idx = torch.tensor(keep)
         for layer in _layers(self.cache):
-            set_layer_kv(layer, layer.keys[idx], layer.values[idx])
+            select_layer_rows(layer, idx)
         self.valid, self.position = self.valid[idx], self.position[idx]
         self._compact_if_sparse()
 

@@ -55,8 +55,10 @@ class PositionLayer(DynamicLayer):
         self._grow(key_states, value_states, min(INITIAL_CAPACITY, self.max_length))
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        # Slots at or beyond ``length`` are never read (attention sees the first ``length``), so
+        # the buffers need no zero fill: every slot is written before the length covers it.
         B, H, _, D = key_states.shape
-        keys, values = key_states.new_zeros(B, H, capacity, D), value_states.new_zeros(B, H, capacity, D)
+        keys, values = key_states.new_empty(B, H, capacity, D), value_states.new_empty(B, H, capacity, D)
         if self._keys is not None:
             keys[:, :, : self.length] = self._keys[:, :, : self.length]
             values[:, :, : self.length] = self._values[:, :, : self.length]
@@ -99,6 +101,26 @@ class PositionLayer(DynamicLayer):
         self._values[:, :, : values.shape[2]] = values
         self.set_length(keys.shape[2])
 
+    def append_row(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Add a batch row holding ``keys``/``values`` ``[1, heads, n, head_dim]`` (n ≤ length) in
+        its last n slots; its first ``length − n`` slots are holes (zeros). One copy of the live
+        slots, instead of padding, concatenating and re-buffering."""
+        B, H, capacity, D = self._keys.shape
+        T, n = self.length, keys.shape[2]
+        for name, new in (("_keys", keys), ("_values", values)):
+            old = getattr(self, name)
+            grown = old.new_empty(B + 1, H, capacity, D)
+            grown[:B, :, :T] = old[:, :, :T]
+            grown[B, :, : T - n] = 0
+            grown[B, :, T - n : T] = new[0]
+            setattr(self, name, grown)
+        self.set_length(T)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows ``index`` (in that order)."""
+        self._keys, self._values = self._keys[index], self._values[index]
+        self.set_length(self.length)
+
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     """A position-indexed cache for ``model`` where its layers allow it, else a ``DynamicCache``."""
@@ -115,6 +137,25 @@ def set_layer_kv(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) 
         layer.assign(keys, values)
     else:
         layer.keys, layer.values = keys, values
+
+
+def append_layer_row(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Add one sequence's ``keys``/``values`` ``[1, heads, n, head_dim]`` as a new batch row of
+    ``layer``, right-aligned in its slots (n ≤ the layer's length; the rest are zero holes)."""
+    if isinstance(layer, PositionLayer) and layer.is_initialized:
+        layer.append_row(keys, values)
+        return
+    holes = (0, 0, layer.keys.shape[-2] - keys.shape[-2], 0)
+    keys, values = torch.nn.functional.pad(keys, holes), torch.nn.functional.pad(values, holes)
+    set_layer_kv(layer, torch.cat([layer.keys, keys], dim=0), torch.cat([layer.values, values], dim=0))
+
+
+def select_layer_rows(layer: DynamicLayer, index: torch.Tensor) -> None:
+    """Keep the batch rows ``index`` of ``layer``."""
+    if isinstance(layer, PositionLayer) and layer.is_initialized:
+        layer.select_rows(index)
+    else:
+        set_layer_kv(layer, layer.keys[index], layer.values[index])
 
 
 def cache_kind(cache: DynamicCache) -> str:
