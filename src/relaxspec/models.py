@@ -59,8 +59,9 @@ class LoadedModel:
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer from a local directory, offline.
 
-    Weights are cast to ``dtype`` (float32 by default: on CPUs bf16 matmuls are only faster for
-    large matrices, and float32 keeps the acceptance arithmetic exact to the tests' tolerances).
+    Weights are cast to ``dtype`` (float32 by default: what training and transformers' forward
+    use). What the engines' decoding forwards run on is chosen separately, per role, by
+    :func:`relaxspec.methods.load_role` (``--kernels``; :mod:`relaxspec.engine.packed`).
     """
     p = Path(path)
     if not p.is_dir():
