@@ -213,3 +213,24 @@ def test_bench_refuses_to_resume_on_other_kernels(model_dirs, tmp_path):
     config.kernels = "hf"
     with pytest.raises(RelaxSpecError, match="on packed kernels, this run uses hf"):
         run_bench(config)
+
+
+def test_diffusion_block_forward_on_packed_kernels_matches_transformers():
+    """The drafter's block forward passes its own 4D mask (clean context causal, the block
+    bidirectional) and positions: same hidden states and logits as transformers' decoder."""
+    from relaxspec.engine.proposers.diffusion import DiffusionLM
+
+    ref, fast = _pair(tiny_llama(40), "packed")
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, 40, (1, 8), generator=gen)
+    block = torch.full((1, 4), 2)  # mask tokens
+    outs = []
+    for model in (ref, fast):
+        lm = DiffusionLM(model)
+        lm.forward(ids[:, :5])
+        first = lm.forward_block(torch.cat([ids[:, 5:8], block], 1), 8, 4)
+        lm.rollback(8)
+        again = lm.forward_block(block, 8, 4)
+        outs.append((first, again, lm.logits(again)))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)

@@ -559,9 +559,9 @@ ROLE_LOADERS: dict[str, Callable[[Path], Any]] = {
 }
 
 
-# Roles whose decoding forwards may run on packed kernels (engine/packed.py); the diffusion
-# drafter's block forward has its own attention pattern and stays on transformers' forward.
-PACKED_ROLES = ("target", "draft", "block")
+# Roles whose decoding forwards may run on packed kernels (engine/packed.py): every transformers
+# model the engines decode with (the diffusion drafter's block forward passes its own mask).
+PACKED_ROLES = ("target", "draft", "block", "diffusion")
 
 
 def load_role(role: str, path: Path, kernels: str = "auto") -> Any:

@@ -201,8 +201,28 @@ class PackedForward:
     ) -> torch.Tensor:
         """Logits ``float32[B, T', V]`` of ``input_ids[B, T]`` after the ``cache``'s entries.
 
-        ``attention_mask[B, S+T]`` (1 = attend) covers the cache's S entries and the new ones;
-        ``position_ids[B, T]`` default to ``S .. S+T-1``. The cache grows by T per layer.
+        ``T' = logits_to_keep`` last positions (T if 0); the other arguments as :meth:`hidden`.
+        """
+        T = input_ids.shape[1]
+        keep = T if logits_to_keep == 0 else min(logits_to_keep, T)
+        return self.lm_head(self.hidden(input_ids, cache, attention_mask, position_ids, keep))
+
+    @torch.inference_mode()
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        keep: int | None = None,
+    ) -> torch.Tensor:
+        """Final normed hidden states ``float32[B, keep, hidden]`` (the LM head's inputs) of the
+        last ``keep`` (default all T) of ``input_ids[B, T]``, fed after the ``cache``'s S entries.
+
+        ``attention_mask``: ``[B, S+T]`` with 1 = attend (padding; causal order is added), or an
+        explicit ``[B|1, 1, T, S+T]`` mask (bool, or additive float: 0 = attend), used as given
+        (the diffusion drafter's block mask). ``position_ids[B, T]`` default to ``S .. S+T-1``.
+        The cache grows by T per layer.
         """
         B, T = input_ids.shape
         past = cache.get_seq_length()
@@ -211,16 +231,22 @@ class PackedForward:
         x = self.embed(input_ids).float()  # [B, T, hidden]
         cos, sin = self.rotary(x, position_ids)  # [B, T, head_dim] each
         cos, sin = cos[:, None].float(), sin[:, None].float()
-        mask = self._mask(B, T, past, attention_mask)
+        if attention_mask is not None and attention_mask.dim() == 4:
+            mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask.float()
+        else:
+            mask = self._mask(B, T, past, attention_mask)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, x.shape[-1:], layer.attn_norm, self.eps)
             x = x + layer.o(self._attention(layer.qkv(h), cache.layers[index], cos, sin, mask))
             h = F.rms_norm(x, x.shape[-1:], layer.mlp_norm, self.eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        keep = T if logits_to_keep == 0 else min(logits_to_keep, T)
-        x = F.rms_norm(x[:, T - keep :], x.shape[-1:], self.norm, self.eps)
-        return self.lm_head(x)
+        keep = T if keep is None else keep
+        return F.rms_norm(x[:, T - keep :], x.shape[-1:], self.norm, self.eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on ``hidden[..., hidden_size]`` -> float32 logits ``[..., V]``."""
+        return self.lm_head(hidden)
 
     def _attention(
         self, qkv: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask

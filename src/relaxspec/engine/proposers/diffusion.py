@@ -46,6 +46,7 @@ from transformers import PreTrainedModel
 
 from relaxspec.core.sampling import SamplingParams, check_finite, processed_probs, sample
 from relaxspec.engine.kv import CachedLM, cache_argument
+from relaxspec.engine.packed import packed_forward
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import LoadedModel, load_model
@@ -150,25 +151,31 @@ class DiffusionLM(CachedLM):
                 f"window of {self.context_length}"
             )
         assert n_fed == n_committed - cached + gamma, "fed tokens must be (uncached committed, block)"
-        dtype = next(self.model.parameters()).dtype
+        packed = packed_forward(self.model)
+        dtype = torch.float32 if packed is not None else next(self.model.parameters()).dtype
         bias = inference_bias(cached, n_committed, gamma, dtype).to(self.device)
         positions = torch.arange(cached, n_committed + gamma, device=self.device)[None]
-        decoder = self.model.get_decoder()
-        out = decoder(
-            input_ids=tokens.to(self.device),
-            attention_mask=bias,
-            position_ids=positions,
-            use_cache=True,
-            **cache_argument(decoder, self.cache),
-        )
+        if packed is not None:
+            hidden = packed.hidden(tokens, self.cache, attention_mask=bias, position_ids=positions)
+        else:
+            decoder = self.model.get_decoder()
+            hidden = decoder(
+                input_ids=tokens.to(self.device),
+                attention_mask=bias,
+                position_ids=positions,
+                use_cache=True,
+                **cache_argument(decoder, self.cache),
+            ).last_hidden_state
         self.calls += 1
         self.length += n_fed
-        return out.last_hidden_state
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on hidden states ``[..., H]`` -> float32 logits ``[..., V]`` (finite-checked)."""
+        packed = packed_forward(self.model)
         with torch.inference_mode():
-            logits = self.model.get_output_embeddings()(hidden).float()
+            head = packed.logits if packed is not None else self.model.get_output_embeddings()
+            logits = head(hidden).float()
         check_finite(logits, f"the {self.name}")
         return logits
 
