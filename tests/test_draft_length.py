@@ -279,3 +279,35 @@ def test_per_round_overhead_measured_at_ar_keeps_a_batch_at_ar():
     assert heavy.cycles.overhead(rows_bucket(8)) == pytest.approx(2 * heavy.predicted_seconds(8, 0))
     assert heavy.choose(4) == 0
     assert policy_after_ar_cycles(1.05).choose(4) > 0
+
+
+def test_probes_that_confirm_ar_back_off_and_a_probe_that_pays_resets_them():
+    now = {"t": 0.0}
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 8, probe_interval=5.0, probe_window=0.5,
+        decision_seconds=0.25, clock=lambda: now["t"], max_probe_backoff=4.0,
+    )  # fmt: skip
+    with_ar_baseline(policy, 8)
+    for _ in range(20):
+        policy.observe(4, 0)  # drafts are never accepted: AR is right
+
+    def probe_starts(seconds: float) -> list[float]:
+        starts, previous = [], 0
+        for _ in range(int(seconds / 0.25)):
+            k = policy.choose(4)
+            if k > 0 and previous == 0:
+                starts.append(now["t"])
+            previous = k
+            now["t"] += 0.25
+        return starts
+
+    starts = probe_starts(80.0)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # waits of 5, 10, then 20 s (capped at 4x), each after the previous probe's 0.5 s window
+    assert starts[0] == 5.0
+    assert gaps == [10.5, 20.5, 20.5, 20.5]
+    # acceptance comes back: the next probe finds drafting pays and the interval resets
+    for _ in range(60):
+        policy.observe(4, 4)
+    assert max(probe_starts(30.0) or [0]) > 0
+    assert policy._probe_backoff == 1.0

@@ -25,11 +25,12 @@ candidate, the policy only speculates where it expects more tokens per second th
 
 One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
 so the rows of a lockstep batch draft alike. A policy that settles on K = 0 stops seeing
-acceptance data; after ``probe_interval`` seconds at
-K = 0 it drafts anyway (its best K > 0) for a ``probe_window``, so that α and the cycle costs of
-K > 0 keep tracking the workload. Probes are windows of time, not every n-th choice, so that all
-rows of a lockstep batch probe together: one drafting row would make the others' AR steps wait
-for it and make AR look as slow as speculation.
+acceptance data; after ``probe_interval`` seconds at K = 0 it drafts anyway (its best K > 0) for
+a ``probe_window``, so that α and the cycle costs of K > 0 keep tracking the workload; a probe
+after which AR is still the choice doubles the interval (up to ``max_probe_backoff`` ×), so a
+load where speculation does not pay costs ever fewer probes. Probes are windows of time, not
+every n-th choice, so that all rows of a lockstep batch probe together: one drafting row would
+make the others' AR steps wait for it and make AR look as slow as speculation.
 """
 
 from __future__ import annotations
@@ -296,12 +297,15 @@ class GoodputDraftLength:
     decision_seconds: float = 2.0  # how long one choice of K holds for every row
     probe_interval: float = 10.0  # seconds at K = 0 before a probe
     probe_window: float = 0.5  # seconds a probe lasts
+    max_probe_backoff: float = 8.0  # a probe that confirms AR doubles the interval, up to this factor
     clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
     chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
     _ar_since: float | None = None
     _probe_until: float = float("-inf")
+    _probe_backoff: float = 1.0
+    _probed: bool = False  # a probe ran and no decision has followed it yet
     _decision: int = 0
     _decided_at: float = float("-inf")
     _decided_bucket: int = -1
@@ -344,13 +348,19 @@ class GoodputDraftLength:
             k = 0  # measure the AR baseline of this batch size first: the others are compared to it
         if now < self._probe_until:
             k = best_drafting
-        elif k > 0:
-            self._ar_since = None
-        elif self._ar_since is None:
-            self._ar_since = now
-        elif now - self._ar_since >= self.probe_interval:  # keep α and the K > 0 costs measured
-            self._ar_since, self._probe_until = None, now + self.probe_window
-            k = best_drafting
+        else:
+            if self._probed:  # the first decision after a probe: did it change the answer?
+                self._probed = False
+                backoff = 2 * self._probe_backoff if k == 0 else 1.0
+                self._probe_backoff = min(backoff, self.max_probe_backoff)
+            if k > 0:  # speculation pays again: the next stay at AR probes at the base interval
+                self._ar_since, self._probe_backoff = None, 1.0
+            elif self._ar_since is None:
+                self._ar_since = now
+            elif now - self._ar_since >= self.probe_interval * self._probe_backoff:
+                # keep α and the K > 0 costs measured; each probe that confirms AR waits longer
+                self._ar_since, self._probe_until, self._probed = None, now + self.probe_window, True
+                k = best_drafting
         # a probe's decision holds only for the probe window
         held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
