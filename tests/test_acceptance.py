@@ -479,3 +479,19 @@ def test_rule_combinations_smoke():
                 verify(rule, d, draft_probs, p)
         else:
             assert verify(rule, d, draft_probs, p).accepted.shape == (2,)
+
+
+@pytest.mark.parametrize("vocab", [600, 4096])
+@given(scale=st.floats(0.5, 12.0), theta=st.floats(0.05, 0.999), seed=st.integers(0, 10_000))
+@settings(max_examples=40, deadline=None)
+def test_nucleus_from_the_top_values_equals_the_full_sort(vocab, scale, theta, seed):
+    """The nucleus is searched in the top 64 / 512 values before a full sort: same mask as the
+    definition computed over the fully sorted vocabulary, for small and large nuclei and ties."""
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(3, vocab, generator=gen) * scale, dim=-1)
+    p[1] = torch.round(p[1] / p[1].max() * 20)  # few distinct values: ties at the boundary
+    p[1] /= p[1].sum()
+    sorted_p = p.sort(dim=-1, descending=True).values
+    before = torch.cat([torch.zeros_like(sorted_p[..., :1]), sorted_p.cumsum(-1)[..., :-1]], dim=-1)
+    threshold = sorted_p.gather(-1, (before < theta).sum(-1, keepdim=True) - 1)
+    assert torch.equal(nucleus_mask(p, theta), (p >= threshold) & (p > 0))
