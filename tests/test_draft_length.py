@@ -306,8 +306,16 @@ def test_probes_that_confirm_ar_back_off_and_a_probe_that_pays_resets_them():
     # waits of 5, 10, then 20 s (capped at 4x), each after the previous probe's 0.5 s window
     assert starts[0] == 5.0
     assert gaps == [10.5, 20.5, 20.5, 20.5]
-    # acceptance comes back: the next probe finds drafting pays and the interval resets
+    # acceptance comes back: drafting pays again; while drafting, AR probe windows (K = 0 for
+    # 0.5 s) keep the AR baseline measured, first after 5 s (the interval reset), then backing off
     for _ in range(60):
         policy.observe(4, 4)
-    assert max(probe_starts(30.0) or [0]) > 0
-    assert policy._probe_backoff == 1.0
+    picks = []
+    for _ in range(160):
+        picks.append(policy.choose(4))
+        now["t"] += 0.25
+    first = next(i for i, k in enumerate(picks) if k > 0)
+    ar_probes = [i for i in range(first + 1, len(picks)) if picks[i] == 0 and picks[i - 1] > 0]
+    assert picks[-1] > 0 and len(ar_probes) >= 2
+    assert (ar_probes[0] - first) * 0.25 == pytest.approx(5.0, abs=0.5)
+    assert (ar_probes[1] - ar_probes[0]) * 0.25 == pytest.approx(10.5, abs=0.5)

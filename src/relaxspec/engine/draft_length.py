@@ -24,13 +24,15 @@ bookkeeping whether it runs a draft or a verify forward). Because ``K = 0`` is a
 candidate, the policy only speculates where it expects more tokens per second than AR.
 
 One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
-so the rows of a lockstep batch draft alike. A policy that settles on K = 0 stops seeing
-acceptance data; after ``probe_interval`` seconds at K = 0 it drafts anyway (its best K > 0) for
-a ``probe_window``, so that α and the cycle costs of K > 0 keep tracking the workload; a probe
-after which AR is still the choice doubles the interval (up to ``max_probe_backoff`` ×), so a
-load where speculation does not pay costs ever fewer probes. Probes are windows of time, not
-every n-th choice, so that all rows of a lockstep batch probe together: one drafting row would
-make the others' AR steps wait for it and make AR look as slow as speculation.
+so the rows of a lockstep batch draft alike. A policy that stays on one side sees only that
+side's costs: after ``probe_interval`` seconds at K = 0 it drafts anyway (its best K > 0) for a
+``probe_window``, so that α and the cycle costs of K > 0 keep tracking the workload, and after as
+long drafting it runs AR steps for a window, so that the AR baseline does too (it is measured
+first, while a batch fills and every step also prefills joining rows, which makes AR look slower
+than it runs in steady state). A probe after which the choice stays on its side doubles the
+interval (up to ``max_probe_backoff`` ×); a change of side resets it. Probes are windows of time,
+not every n-th choice, so that all rows of a lockstep batch probe together: one drafting row
+would make the others' AR steps wait for it and make AR look as slow as speculation.
 """
 
 from __future__ import annotations
@@ -302,8 +304,10 @@ class GoodputDraftLength:
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
     chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
-    _ar_since: float | None = None
+    _drafting: bool = False  # the side (AR or K > 0) of the decisions since _side_since
+    _side_since: float | None = None
     _probe_until: float = float("-inf")
+    _probe_k: int = 0  # the draft length of the running probe
     _probe_backoff: float = 1.0
     _probed: bool = False  # a probe ran and no decision has followed it yet
     _decision: int = 0
@@ -347,20 +351,24 @@ class GoodputDraftLength:
         if not self.cycles.measured(bucket, 0):
             k = 0  # measure the AR baseline of this batch size first: the others are compared to it
         if now < self._probe_until:
-            k = best_drafting
+            k = self._probe_k
         else:
+            drafting = k > 0
             if self._probed:  # the first decision after a probe: did it change the answer?
-                self._probed = False
-                backoff = 2 * self._probe_backoff if k == 0 else 1.0
+                self._probed, self._side_since = False, now
+                backoff = 2 * self._probe_backoff if drafting == self._drafting else 1.0
                 self._probe_backoff = min(backoff, self.max_probe_backoff)
-            if k > 0:  # speculation pays again: the next stay at AR probes at the base interval
-                self._ar_since, self._probe_backoff = None, 1.0
-            elif self._ar_since is None:
-                self._ar_since = now
-            elif now - self._ar_since >= self.probe_interval * self._probe_backoff:
-                # keep α and the K > 0 costs measured; each probe that confirms AR waits longer
-                self._ar_since, self._probe_until, self._probed = None, now + self.probe_window, True
-                k = best_drafting
+            if drafting != self._drafting or self._side_since is None:
+                self._drafting, self._side_since = drafting, now
+                if not self._probed:
+                    self._probe_backoff = 1.0
+            elif now - self._side_since >= self.probe_interval * self._probe_backoff:
+                # try the other side for a window: at AR, α and the K > 0 costs stay measured;
+                # while drafting, the AR baseline stays measured under today's load (measured
+                # first, while a batch fills, it can look slower than it is in steady state)
+                self._probe_k = 0 if drafting else best_drafting
+                self._probe_until, self._probed = now + self.probe_window, True
+                k = self._probe_k
         # a probe's decision holds only for the probe window
         held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
