@@ -103,7 +103,7 @@ def with_ar_baseline(policy: GoodputDraftLength, *rows: int) -> GoodputDraftLeng
 
 
 def test_first_choice_at_a_new_batch_size_measures_ar():
-    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=8, decision_seconds=0.0)
+    policy = GoodputDraftLength(CPU, CHEAP_DRAFT, k_max=8, decision_seconds=0.0, settle_seconds=0.0)
     assert policy.choose(8) == 0
     policy.observe_cycle(0, policy.predicted_seconds(1, 0))
     assert policy.choose(8) > 0
@@ -155,7 +155,8 @@ def test_live_costs_follow_observed_forwards():
 def test_measured_cycles_override_the_forward_prediction():
     rows = {"n": 1}
     policy = GoodputDraftLength(
-        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9, decision_seconds=0.0
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9, decision_seconds=0.0,
+        settle_seconds=0.0,
     )
     with_ar_baseline(policy, 1)
     for _ in range(20):
@@ -238,7 +239,8 @@ def test_tracker_rejects_bad_settings():
 def test_one_decision_holds_for_every_row_until_it_expires_or_the_batch_changes():
     rows, now = {"n": 1}, {"t": 0.0}
     policy = GoodputDraftLength(
-        CPU, CHEAP_DRAFT, k_max=8, rows=lambda: rows["n"], decision_seconds=0.25, clock=lambda: now["t"]
+        CPU, CHEAP_DRAFT, k_max=8, rows=lambda: rows["n"], decision_seconds=0.25, clock=lambda: now["t"],
+        settle_seconds=0.0,
     )
     with_ar_baseline(policy, 1, 2)
     for _ in range(20):
@@ -263,7 +265,8 @@ def test_per_round_overhead_measured_at_ar_keeps_a_batch_at_ar():
 
     def policy_after_ar_cycles(ar_factor: float) -> GoodputDraftLength:
         policy = GoodputDraftLength(
-            CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 8, probe_interval=1e9, decision_seconds=0.0
+            CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 8, probe_interval=1e9, decision_seconds=0.0,
+            settle_seconds=0.0,
         )
         for i in range(40):
             policy.observe(1, 1 if i % 5 < 3 else 0)
@@ -319,3 +322,23 @@ def test_probes_that_confirm_ar_back_off_and_a_probe_that_pays_resets_them():
     assert picks[-1] > 0 and len(ar_probes) >= 2
     assert (ar_probes[0] - first) * 0.25 == pytest.approx(5.0, abs=0.5)
     assert (ar_probes[1] - ar_probes[0]) * 0.25 == pytest.approx(10.5, abs=0.5)
+
+
+def test_cycles_right_after_a_change_of_k_are_not_measured():
+    now = {"t": 0.0}
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 1, decision_seconds=0.0, clock=lambda: now["t"]
+    )
+    assert policy.choose(4) == 0  # the AR baseline first
+    policy.observe_cycle(0, 1.0)  # no change yet: measured
+    assert policy.cycles.measured(0, 0)
+    for _ in range(20):
+        policy.observe(4, 4)
+    now["t"] = 1.0
+    assert policy.choose(4) > 0
+    k = policy.choose(4)
+    policy.observe_cycle(k, 5.0)  # within settle_seconds of the change: the draft's catch-up
+    assert not policy.cycles.measured(0, k)
+    now["t"] += policy.settle_seconds + 0.01
+    policy.observe_cycle(k, 1.5)
+    assert policy.cycles.measured(0, k)

@@ -299,7 +299,8 @@ class GoodputDraftLength:
     decision_seconds: float = 2.0  # how long one choice of K holds for every row
     probe_interval: float = 10.0  # seconds at K = 0 before a probe
     probe_window: float = 0.5  # seconds a probe lasts
-    max_probe_backoff: float = 8.0  # a probe that confirms AR doubles the interval, up to this factor
+    max_probe_backoff: float = 32.0  # a probe that confirms the side doubles the interval, up to this
+    settle_seconds: float = 0.2  # cycles ending this soon after a change of K are not measured
     clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
@@ -312,6 +313,7 @@ class GoodputDraftLength:
     _probed: bool = False  # a probe ran and no decision has followed it yet
     _decision: int = 0
     _decided_at: float = float("-inf")
+    _changed_at: float = float("-inf")
     _decided_bucket: int = -1
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -371,6 +373,8 @@ class GoodputDraftLength:
                 k = self._probe_k
         # a probe's decision holds only for the probe window
         held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
+        if k != self._decision:
+            self._changed_at = now
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
 
     def predicted_seconds(self, rows: int, k: int) -> float:
@@ -383,6 +387,13 @@ class GoodputDraftLength:
         self.tracker.observe(proposed, accepted)
 
     def observe_cycle(self, k: int, seconds: float) -> None:
-        """The wall time of a whole cycle run at draft length ``k`` with the current batch."""
+        """The wall time of a whole cycle run at draft length ``k`` with the current batch.
+
+        Cycles that ended within ``settle_seconds`` of a change of K are not steady-state costs
+        of either K (the draft model catches up on every token committed at K = 0, rows finish
+        cycles begun at the old K): they are not recorded.
+        """
+        if self.clock() - self._changed_at < self.settle_seconds:
+            return
         rows = max(1, self.rows())
         self.cycles.observe(rows_bucket(rows), k, seconds, self.predicted_seconds(rows, k))
