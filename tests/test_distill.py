@@ -151,7 +151,23 @@ def test_bad_input(family, tmp_path):
         train_distill(
             *args, rows_path, root / "corpus", tmp_path / "r", None, DistillRecipe(corpus_weight=1.5)
         )
-    with pytest.raises(RelaxSpecError, match="not both 0"):
+    with pytest.raises(RelaxSpecError, match="not all 0"):
         build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", n_code=0, n_math=0)
     done = run_cli("train", "distill", "--student", str(tmp_path / "nope"), "--data", str(rows_path))
     assert done.returncode == 2 and "model directory not found" in done.stderr + done.stdout
+
+
+def test_synthetic_code_prompts_come_from_training_tasks_only(tmp_path):
+    """`--n-synthcode` prompts: half hand-written families, half pipelines, all from training
+    seeds and combinations (never a held-out prompt of the evaluation sets)."""
+    from relaxspec.data.codegen import eval_tasks, heldout_combo_tasks, heldout_family_tasks
+    from relaxspec.train.distill import distill_prompts
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    prompts = distill_prompts(corpus, n_code=0, n_math=0, n_synthcode=40)
+    assert len(prompts) == 40 and {p["source"] for p in prompts} == {"synthcode"}
+    texts = {p["prompt"] for p in prompts}
+    heldout = eval_tasks(200) + heldout_family_tasks(100) + heldout_combo_tasks(100)
+    assert not texts & {t.prompt for t in heldout}
+    assert all(p.startswith("def ") and p.rstrip().endswith('"""') for p in texts)

@@ -544,6 +544,9 @@ def train_distill_data_cmd(
         int, typer.Option(help="function-signature prompts from the stdlib training split")
     ] = 3400,
     n_math: Annotated[int, typer.Option(help="math training questions")] = 800,
+    n_synthcode: Annotated[
+        int, typer.Option(help="synthetic code task prompts (training seeds; half pipelines)")
+    ] = 0,
     max_new_tokens: int = 96,
     max_prompt_tokens: int = 160,
     batch_size: int = 48,
@@ -557,6 +560,7 @@ def train_distill_data_cmd(
         out,
         n_code=n_code,
         n_math=n_math,
+        n_synthcode=n_synthcode,
         max_new_tokens=max_new_tokens,
         max_prompt_tokens=max_prompt_tokens,
         batch_size=batch_size,

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from relaxspec.data.codegen import train_pipeline_tasks, train_tasks
 from relaxspec.data.corpus import read_jsonl
 from relaxspec.data.mathgen import generate_problem
 from relaxspec.data.tokens import training_data
@@ -73,8 +74,12 @@ def function_prompts(module_source: str) -> list[str]:
     return prompts
 
 
-def distill_prompts(corpus_dir: str | Path, n_code: int, n_math: int, seed: int = 0) -> list[dict]:
-    """``n_code`` function prompts and ``n_math`` math prompts from the *training* splits, shuffled."""
+def distill_prompts(
+    corpus_dir: str | Path, n_code: int, n_math: int, seed: int = 0, n_synthcode: int = 0
+) -> list[dict]:
+    """``n_code`` function prompts, ``n_math`` math prompts and ``n_synthcode`` synthetic code
+    task prompts (half hand-written families, half compositional pipelines; training seeds and
+    combinations only, :mod:`relaxspec.data.codegen`) from the *training* splits, shuffled."""
     corpus = Path(corpus_dir)
     rng = random.Random(seed)
     code: list[str] = []
@@ -93,6 +98,9 @@ def distill_prompts(corpus_dir: str | Path, n_code: int, n_math: int, seed: int 
         math = [generate_problem(rows[i]["seed"]).prompt for i in rng.sample(range(len(rows)), n_math)]
     prompts = [{"source": "code", "prompt": p} for p in code[:n_code]]
     prompts += [{"source": "math", "prompt": p} for p in math]
+    if n_synthcode > 0:
+        tasks = train_tasks(n_synthcode - n_synthcode // 2) + train_pipeline_tasks(n_synthcode // 2)
+        prompts += [{"source": "synthcode", "prompt": t.prompt} for t in tasks]
     rng.shuffle(prompts)
     return prompts
 
@@ -128,6 +136,7 @@ def build_distill_data(
     out_path: str | Path,
     n_code: int = 2000,
     n_math: int = 1000,
+    n_synthcode: int = 0,
     max_new_tokens: int = 96,
     max_prompt_tokens: int = 160,
     batch_size: int = 32,
@@ -141,13 +150,13 @@ def build_distill_data(
     batch by batch; rerunning with the same arguments continues after the rows already written
     (the prompt order is a pure function of the arguments).
     """
-    if n_code < 0 or n_math < 0 or n_code + n_math == 0:
-        raise RelaxSpecError("n_code and n_math must be >= 0 and not both 0")
+    if min(n_code, n_math, n_synthcode) < 0 or n_code + n_math + n_synthcode == 0:
+        raise RelaxSpecError("n_code, n_math and n_synthcode must be >= 0 and not all 0")
     if max_new_tokens < 1 or batch_size < 1 or max_prompt_tokens < 1:
         raise RelaxSpecError("max_new_tokens, max_prompt_tokens and batch_size must be >= 1")
     out = Path(out_path)
     teacher = load_model(teacher_dir)
-    prompts = distill_prompts(corpus_dir, n_code, n_math, seed)
+    prompts = distill_prompts(corpus_dir, n_code, n_math, seed, n_synthcode)
     lengths = [len(ids) for ids in teacher.tokenizer([p["prompt"] for p in prompts])["input_ids"]]
     prompts = [p | {"prompt_len": n} for p, n in zip(prompts, lengths, strict=True) if n <= max_prompt_tokens]
     prompts.sort(key=lambda p: p["prompt_len"])  # stable: ties keep the shuffled order
