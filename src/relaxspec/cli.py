@@ -295,7 +295,10 @@ def train_ar_cmd(
     max_minutes: float | None = None,
     mixture: Annotated[
         str | None,
-        typer.Option(help="source weights: math, code, synthcode, math_broad (default math=0.7,code=0.3)"),
+        typer.Option(
+            help="source weights: math, code, synthcode, math_broad, synthpipes, math_styles "
+            "(data/tokens.py TRAIN_SOURCES; default math=0.7,code=0.3)"
+        ),
     ] = None,
     init: Annotated[
         Path | None, typer.Option(help="start from this model's weights (fine-tune; same preset)")
