@@ -35,6 +35,7 @@ import platform
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from relaxspec.data import codegen
 from relaxspec.data.mathgen import (
@@ -248,29 +249,26 @@ def synthetic_rows(n_synthcode: int, n_math_broad: int, n_eval: int) -> dict[str
     if train_prompts.intersection(held):  # pragma: no cover - excluded by construction
         raise RelaxSpecError("a held-out synthetic prompt is in the training split")
     return {
-        "synthcode_train": [{"seed": t.seed, "family": t.family, "text": t.text} for t in code_train],
-        "synthcode_eval": [
-            {"seed": t.seed, "family": t.family, "prompt": t.prompt, "text": t.text} for t in code_eval
-        ],
-        "synthcode_families_eval": [
-            {"seed": t.seed, "family": t.family, "prompt": t.prompt, "text": t.text} for t in code_fams
-        ],
-        "math_broad_train": [
-            {"seed": p.seed, "family": p.family, "steps": p.steps, "text": p.text} for p in math_train
-        ],
-        "math_families_eval": [
-            {
-                "seed": p.seed,
-                "family": p.family,
-                "prompt": p.prompt,
-                "solution": p.solution,
-                "answer": p.answer,
-                "steps": p.steps,
-                "text": p.text,
-            }
-            for p in math_fams
-        ],
+        "synthcode_train": [_code_row(t) for t in code_train],
+        "synthcode_eval": [_code_row(t, held_out=True) for t in code_eval],
+        "synthcode_families_eval": [_code_row(t, held_out=True) for t in code_fams],
+        "math_broad_train": [_math_row(p) for p in math_train],
+        "math_families_eval": [_math_row(p, held_out=True) for p in math_fams],
     }
+
+
+def _code_row(task: Any, held_out: bool = False) -> dict:
+    """A synthetic code task's JSONL row (held-out rows also carry the prompt alone)."""
+    row = {"seed": task.seed, "family": task.family}
+    return row | ({"prompt": task.prompt} if held_out else {}) | {"text": task.text}
+
+
+def _math_row(problem: Any, held_out: bool = False) -> dict:
+    """A generated math problem's JSONL row (held-out rows also carry prompt, solution, answer)."""
+    row = {"seed": problem.seed, "family": problem.family}
+    if held_out:
+        row |= {"prompt": problem.prompt, "solution": problem.solution, "answer": problem.answer}
+    return row | {"steps": problem.steps, "text": problem.text}
 
 
 def composed_rows(n_pipes: int, n_styles: int, n_eval: int) -> dict[str, list[dict]]:
@@ -288,23 +286,8 @@ def composed_rows(n_pipes: int, n_styles: int, n_eval: int) -> dict[str, list[di
     if train_prompts.intersection(held):  # pragma: no cover - excluded by construction
         raise RelaxSpecError("a held-out compositional prompt is in the training split")
     return {
-        "synthpipes_train": [{"seed": t.seed, "family": t.family, "text": t.text} for t in pipes_train],
-        "synthpipes_eval": [
-            {"seed": t.seed, "family": t.family, "prompt": t.prompt, "text": t.text} for t in pipes_eval
-        ],
-        "math_styles_train": [
-            {"seed": p.seed, "family": p.family, "steps": p.steps, "text": p.text} for p in styles_train
-        ],
-        "math_phrasing_eval": [
-            {
-                "seed": p.seed,
-                "family": p.family,
-                "prompt": p.prompt,
-                "solution": p.solution,
-                "answer": p.answer,
-                "steps": p.steps,
-                "text": p.text,
-            }
-            for p in phrasing_eval
-        ],
+        "synthpipes_train": [_code_row(t) for t in pipes_train],
+        "synthpipes_eval": [_code_row(t, held_out=True) for t in pipes_eval],
+        "math_styles_train": [_math_row(p) for p in styles_train],
+        "math_phrasing_eval": [_math_row(p, held_out=True) for p in phrasing_eval],
     }
