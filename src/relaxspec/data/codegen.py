@@ -1813,6 +1813,14 @@ def _last(values: list) -> object:
     return values[len(values) - 1] if len(values) > 0 else None
 
 
+# Counting what passes the filter reads the same over numbers and words: one piece for both.
+_COUNT = _Piece(
+    "count",
+    "count",
+    ("Return how many of {F} there are.", "Count {F} and return the count."),
+    "int",
+    lambda v, c: len(v),
+)
 LIST_AGGS: tuple[_Piece, ...] = (
     _Piece(
         "sum",
@@ -1821,13 +1829,7 @@ LIST_AGGS: tuple[_Piece, ...] = (
         "int",
         lambda v, c: _total(v),
     ),
-    _Piece(
-        "count",
-        "count",
-        ("Return how many of {F} there are.", "Count {F} and return the count."),
-        "int",
-        lambda v, c: len(v),
-    ),
+    _COUNT,
     _Piece(
         "max",
         "max",
@@ -1979,13 +1981,7 @@ STR_AGGS: tuple[_Piece, ...] = (
         "list[str]",
         lambda v, c: list(v),
     ),
-    _Piece(
-        "count",
-        "count",
-        ("Return how many of {F} there are.", "Count {F} and return the count."),
-        "int",
-        lambda v, c: len(v),
-    ),
+    _COUNT,
     _Piece(
         "join",
         "join",

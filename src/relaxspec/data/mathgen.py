@@ -1221,6 +1221,19 @@ def _maybe_distract(rng: random.Random, sentences: list[str]) -> None:
         sentences.insert(rng.randint(1, len(sentences)), template.format(other=other, n=rng.randint(2, 99)))
 
 
+def _draw_scenario(rng: random.Random, family: str, n_steps: int) -> tuple[list[str], _Steps, str] | None:
+    """One draw of ``family``'s story with ``n_steps`` steps, a distractor maybe inserted:
+    ``(sentences, steps, question)``, or None when the draw must be retried."""
+    try:
+        sentences, steps, question = MATH_FAMILIES[family](rng, n_steps)
+    except _Retry:
+        return None
+    if not MIN_STEPS <= len(steps.lines) <= MAX_STEPS:
+        return None
+    _maybe_distract(rng, sentences)
+    return sentences, steps, question
+
+
 def generate_family_problem(seed: int, families: Sequence[str] = TRAIN_MATH_FAMILIES) -> MathProblem:
     """The broadened generator's problem for ``seed``: 1–6 steps, a family from ``families``."""
     unknown = set(families) - set(MATH_FAMILIES)
@@ -1230,13 +1243,10 @@ def generate_family_problem(seed: int, families: Sequence[str] = TRAIN_MATH_FAMI
     for _ in range(1000):
         n_steps = rng.randint(MIN_STEPS, MAX_STEPS)
         family = rng.choice(list(families))
-        try:
-            sentences, steps, question = MATH_FAMILIES[family](rng, n_steps)
-        except _Retry:
+        drawn = _draw_scenario(rng, family, n_steps)
+        if drawn is None:
             continue
-        if not MIN_STEPS <= len(steps.lines) <= MAX_STEPS:
-            continue
-        _maybe_distract(rng, sentences)
+        sentences, steps, question = drawn
         answer = int(steps.lines[-1].rsplit("= ", 1)[1])
         solution = "\n".join([*steps.lines, f"#### {answer}"])
         text = " ".join([*sentences, question])
@@ -1423,13 +1433,10 @@ def generate_styled_problem(seed: int, phrasings: Sequence[str] = TRAIN_PHRASING
     family, style = phrasing.split("/")
     for _ in range(1000):
         n_steps = rng.randint(MIN_STEPS, MAX_STEPS)
-        try:
-            sentences, steps, question = MATH_FAMILIES[family](rng, n_steps)
-        except _Retry:
+        drawn = _draw_scenario(rng, family, n_steps)
+        if drawn is None:
             continue
-        if not MIN_STEPS <= len(steps.lines) <= MAX_STEPS:
-            continue
-        _maybe_distract(rng, sentences)
+        sentences, steps, question = drawn
         text = render_style(style, sentences, question, rng)
         if text is None:
             continue
