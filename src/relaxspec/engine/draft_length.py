@@ -360,10 +360,8 @@ class GoodputDraftLength:
                 self._probed, self._side_since = False, now
                 backoff = 2 * self._probe_backoff if drafting == self._drafting else 1.0
                 self._probe_backoff = min(backoff, self.max_probe_backoff)
-            if drafting != self._drafting or self._side_since is None:
-                self._drafting, self._side_since = drafting, now
-                if not self._probed:
-                    self._probe_backoff = 1.0
+            if drafting != self._drafting or self._side_since is None:  # a new side: base interval
+                self._drafting, self._side_since, self._probe_backoff = drafting, now, 1.0
             elif now - self._side_since >= self.probe_interval * self._probe_backoff:
                 # try the other side for a window: at AR, α and the K > 0 costs stay measured;
                 # while drafting, the AR baseline stays measured under today's load (measured
