@@ -190,7 +190,6 @@ class PackedForward:
             for layer in base.layers
         ]
 
-    @torch.inference_mode()
     def __call__(
         self,
         input_ids: torch.Tensor,
