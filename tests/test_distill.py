@@ -171,3 +171,19 @@ def test_synthetic_code_prompts_come_from_training_tasks_only(tmp_path):
     heldout = eval_tasks(200) + heldout_family_tasks(100) + heldout_combo_tasks(100)
     assert not texts & {t.prompt for t in heldout}
     assert all(p.startswith("def ") and p.rstrip().endswith('"""') for p in texts)
+
+
+def test_styled_math_prompts_come_from_training_phrasings_only(tmp_path):
+    """`--n-math-styles` prompts: training phrasing styles only (never a held-out phrasing family
+    of `math-phrasing`), mixed with the other sources."""
+    from relaxspec.data.mathgen import heldout_phrasing_problems
+    from relaxspec.train.distill import distill_prompts
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    prompts = distill_prompts(corpus, n_code=0, n_math=0, n_synthcode=10, n_math_styles=60)
+    assert len(prompts) == 70
+    assert sum(p["source"] == "math_styles" for p in prompts) == 60
+    styled = {p["prompt"] for p in prompts if p["source"] == "math_styles"}
+    assert len(styled) == 60
+    assert not styled & {p.prompt for p in heldout_phrasing_problems(400)}

@@ -155,7 +155,12 @@ def test_live_costs_follow_observed_forwards():
 def test_measured_cycles_override_the_forward_prediction():
     rows = {"n": 1}
     policy = GoodputDraftLength(
-        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9, decision_seconds=0.0,
+        CPU,
+        CHEAP_DRAFT,
+        k_max=4,
+        rows=lambda: rows["n"],
+        probe_interval=1e9,
+        decision_seconds=0.0,
         settle_seconds=0.0,
     )
     with_ar_baseline(policy, 1)
@@ -239,7 +244,12 @@ def test_tracker_rejects_bad_settings():
 def test_one_decision_holds_for_every_row_until_it_expires_or_the_batch_changes():
     rows, now = {"n": 1}, {"t": 0.0}
     policy = GoodputDraftLength(
-        CPU, CHEAP_DRAFT, k_max=8, rows=lambda: rows["n"], decision_seconds=0.25, clock=lambda: now["t"],
+        CPU,
+        CHEAP_DRAFT,
+        k_max=8,
+        rows=lambda: rows["n"],
+        decision_seconds=0.25,
+        clock=lambda: now["t"],
         settle_seconds=0.0,
     )
     with_ar_baseline(policy, 1, 2)
@@ -265,7 +275,12 @@ def test_per_round_overhead_measured_at_ar_keeps_a_batch_at_ar():
 
     def policy_after_ar_cycles(ar_factor: float) -> GoodputDraftLength:
         policy = GoodputDraftLength(
-            CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 8, probe_interval=1e9, decision_seconds=0.0,
+            CPU,
+            CHEAP_DRAFT,
+            k_max=4,
+            rows=lambda: 8,
+            probe_interval=1e9,
+            decision_seconds=0.0,
             settle_seconds=0.0,
         )
         for i in range(40):

@@ -40,6 +40,13 @@ MaxMinutesOpt = Annotated[
     float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
 ]
 TrainSetOpt = Annotated[list[str] | None, typer.Option("--set", help="training option override name=value")]
+MixtureOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="source weights: math, code, synthcode, math_broad, synthpipes, math_styles "
+        "(data/tokens.py TRAIN_SOURCES; default math=0.7,code=0.3)"
+    ),
+]
 
 
 def _model_dir(path: Path | None, role: str) -> Path:
@@ -293,13 +300,7 @@ def train_ar_cmd(
     export: Annotated[Path | None, typer.Option(help="final model dir (default models/<config>)")] = None,
     steps: int | None = None,
     max_minutes: float | None = None,
-    mixture: Annotated[
-        str | None,
-        typer.Option(
-            help="source weights: math, code, synthcode, math_broad, synthpipes, math_styles "
-            "(data/tokens.py TRAIN_SOURCES; default math=0.7,code=0.3)"
-        ),
-    ] = None,
+    mixture: MixtureOpt = None,
     init: Annotated[
         Path | None, typer.Option(help="start from this model's weights (fine-tune; same preset)")
     ] = None,
@@ -386,6 +387,7 @@ def train_diffusion_cmd(
     seq_len: int | None = None,
     lr: float | None = None,
     max_minutes: MaxMinutesOpt = None,
+    mixture: MixtureOpt = None,
     set_: TrainSetOpt = None,
     export_partial: Annotated[
         bool, typer.Option(help="export even if --max-minutes stopped the run early")
@@ -408,6 +410,7 @@ def train_diffusion_cmd(
         target_dir=target,
         draft_dir=draft,
         export_partial=export_partial,
+        mixture=_parse_mixture(mixture) if mixture is not None else None,
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 
@@ -522,6 +525,7 @@ def train_block_cmd(
     seq_len: Annotated[int | None, typer.Option(help="window length L (fed as 2L)")] = None,
     lr: float | None = None,
     max_minutes: MaxMinutesOpt = None,
+    mixture: MixtureOpt = None,
     set_: TrainSetOpt = None,
 ) -> None:
     """Fine-tune a causal LM into a MARS block proposer (ProVe §2) and export it with a model card."""
@@ -531,7 +535,13 @@ def train_block_cmd(
         set_, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, max_minutes=max_minutes
     )
     _, state = train_block(
-        _model_dir(base, "target"), corpus, run_dir, export, block_size=block_size, overrides=overrides
+        _model_dir(base, "target"),
+        corpus,
+        run_dir,
+        export,
+        block_size=block_size,
+        overrides=overrides,
+        mixture=_parse_mixture(mixture) if mixture is not None else None,
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 
@@ -550,6 +560,9 @@ def train_distill_data_cmd(
     n_synthcode: Annotated[
         int, typer.Option(help="synthetic code task prompts (training seeds; half pipelines)")
     ] = 0,
+    n_math_styles: Annotated[
+        int, typer.Option(help="math questions in training phrasing styles (data/mathgen.py)")
+    ] = 0,
     max_new_tokens: int = 96,
     max_prompt_tokens: int = 160,
     batch_size: int = 48,
@@ -564,6 +577,7 @@ def train_distill_data_cmd(
         n_code=n_code,
         n_math=n_math,
         n_synthcode=n_synthcode,
+        n_math_styles=n_math_styles,
         max_new_tokens=max_new_tokens,
         max_prompt_tokens=max_prompt_tokens,
         batch_size=batch_size,
@@ -869,8 +883,13 @@ def serve_cmd(
 
     models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models, kernels=kernels)
     pool = ServingPool(
-        models, opts.method, opts.params, max_concurrency=max_concurrency, max_queue=max_queue,
-        batching=batching, adaptive_k=adaptive_k,
+        models,
+        opts.method,
+        opts.params,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        batching=batching,
+        adaptive_k=adaptive_k,
     )
     tokenizer, context = serving_tokenizer_and_context(models, opts.method)
     app = create_app(

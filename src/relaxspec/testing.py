@@ -229,7 +229,6 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
-
 @contextmanager
 def vllm_server(method: str, args: Sequence[str], log_dir: Path, api_key: str | None = None,
                 timeout: float = 600.0) -> Iterator[str]:  # fmt: skip

@@ -257,8 +257,12 @@ def train_block(
     overrides: dict[str, Any] | None = None,
     progress: bool = True,
     command: str | None = None,
+    mixture: dict[str, float] | None = None,
 ) -> tuple[PreTrainedModel, TrainState]:
     """Fine-tune the causal LM at ``base_dir`` into a block proposer; export when complete.
+
+    ``mixture``: corpus source weights (default :data:`relaxspec.train.ar.MIXTURE`); a base that
+    was fine-tuned on the synthetic sources should keep seeing them.
 
     Resumes from the newest checkpoint in ``run_dir``. ``overrides`` are :class:`TrainConfig`
     fields on top of :data:`DEFAULT_RECIPE`. The export (bf16 safetensors + tokenizer +
@@ -273,13 +277,14 @@ def train_block(
     if block_size > config.seq_len:
         raise RelaxSpecError(f"block_size {block_size} exceeds the training window seq_len {config.seq_len}")
 
-    mixture, heldout = training_data(corpus_dir, tokenizer, MIXTURE, config.seq_len, heldout_windows=16)
+    weights = mixture or MIXTURE
+    data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=16)
     record: dict[str, Any] = {
         "kind": "block-proposer",
         "base_model": str(base_dir),
         "block_size": block_size,
         "mask_token_id": mask_id,
-        "mixture": MIXTURE,
+        "mixture": weights,
         "command": command or shlex.join(["relaxspec", *sys.argv[1:]]),
     }
     Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -296,7 +301,7 @@ def train_block(
         model,
         config,
         batch_fn=lambda step, micro: {
-            "input_ids": mixture.batch(
+            "input_ids": data.batch(
                 config.seed, step * config.grad_accum + micro, config.batch_size, config.seq_len
             )
         },

@@ -301,11 +301,13 @@ def train_diffusion(
     progress: bool = True,
     command: str | None = None,
     export_partial: bool = False,
+    mixture: dict[str, float] | None = None,
 ) -> tuple[LlamaForCausalLM, TrainState]:
     """Train (or resume) the drafter; export it with a model card when the run is complete.
 
     ``export_partial``: also export when the run stopped early (``max_minutes``); the card records
-    the steps actually done. Rerunning the same command resumes the run either way.
+    the steps actually done. Rerunning the same command resumes the run either way. ``mixture``:
+    corpus source weights (default :data:`relaxspec.train.ar.MIXTURE`).
     """
     config = make_config(run_dir, DEFAULT_TRAIN, overrides)
     recipe.validate(config.seq_len)
@@ -315,11 +317,12 @@ def train_diffusion(
         raise RelaxSpecError(
             f"seq_len {config.seq_len} exceeds the model's context {model.config.max_position_embeddings}"
         )
-    mixture, heldout = training_data(corpus_dir, tokenizer, MIXTURE, config.seq_len, heldout_windows=16)
+    weights = mixture or MIXTURE
+    data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=16)
     mask_id = int(tokenizer.mask_token_id)
     record = {
         "recipe": asdict(recipe),
-        "mixture": MIXTURE,
+        "mixture": weights,
         "command": command or shlex.join(["relaxspec", *sys.argv[1:]]),
         "architecture": {
             "hidden_size": model.config.hidden_size,
@@ -333,7 +336,7 @@ def train_diffusion(
 
     def batch_fn(step: int, micro: int) -> dict[str, torch.Tensor]:
         index = step * config.grad_accum + micro
-        ids = mixture.batch(config.seed, index, config.batch_size, config.seq_len)
+        ids = data.batch(config.seed, index, config.batch_size, config.seq_len)
         return make_batch(ids, recipe.gamma, mask_id, config.seed, step, micro, recipe.eps)
 
     model, state = train(

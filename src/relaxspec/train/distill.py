@@ -35,7 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from relaxspec.data.codegen import train_pipeline_tasks, train_tasks
 from relaxspec.data.corpus import read_jsonl
-from relaxspec.data.mathgen import generate_problem
+from relaxspec.data.mathgen import generate_problem, train_styled_problems
 from relaxspec.data.tokens import training_data
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.evaluate import heldout_losses
@@ -75,11 +75,18 @@ def function_prompts(module_source: str) -> list[str]:
 
 
 def distill_prompts(
-    corpus_dir: str | Path, n_code: int, n_math: int, seed: int = 0, n_synthcode: int = 0
+    corpus_dir: str | Path,
+    n_code: int,
+    n_math: int,
+    seed: int = 0,
+    n_synthcode: int = 0,
+    n_math_styles: int = 0,
 ) -> list[dict]:
-    """``n_code`` function prompts, ``n_math`` math prompts and ``n_synthcode`` synthetic code
-    task prompts (half hand-written families, half compositional pipelines; training seeds and
-    combinations only, :mod:`relaxspec.data.codegen`) from the *training* splits, shuffled."""
+    """``n_code`` function prompts, ``n_math`` math prompts, ``n_synthcode`` synthetic code task
+    prompts (half hand-written families, half compositional pipelines; training seeds and
+    combinations only, :mod:`relaxspec.data.codegen`) and ``n_math_styles`` math questions in the
+    training phrasing styles (:func:`relaxspec.data.mathgen.train_styled_problems`), all from the
+    *training* splits, shuffled."""
     corpus = Path(corpus_dir)
     rng = random.Random(seed)
     code: list[str] = []
@@ -101,6 +108,9 @@ def distill_prompts(
     if n_synthcode > 0:
         tasks = train_tasks(n_synthcode - n_synthcode // 2) + train_pipeline_tasks(n_synthcode // 2)
         prompts += [{"source": "synthcode", "prompt": t.prompt} for t in tasks]
+    if n_math_styles > 0:
+        styled = train_styled_problems(n_math_styles)
+        prompts += [{"source": "math_styles", "prompt": p.prompt} for p in styled]
     rng.shuffle(prompts)
     return prompts
 
@@ -137,6 +147,7 @@ def build_distill_data(
     n_code: int = 2000,
     n_math: int = 1000,
     n_synthcode: int = 0,
+    n_math_styles: int = 0,
     max_new_tokens: int = 96,
     max_prompt_tokens: int = 160,
     batch_size: int = 32,
@@ -150,13 +161,14 @@ def build_distill_data(
     batch by batch; rerunning with the same arguments continues after the rows already written
     (the prompt order is a pure function of the arguments).
     """
-    if min(n_code, n_math, n_synthcode) < 0 or n_code + n_math + n_synthcode == 0:
-        raise RelaxSpecError("n_code, n_math and n_synthcode must be >= 0 and not all 0")
+    counts = (n_code, n_math, n_synthcode, n_math_styles)
+    if min(counts) < 0 or sum(counts) == 0:
+        raise RelaxSpecError("n_code, n_math, n_synthcode and n_math_styles must be >= 0 and not all 0")
     if max_new_tokens < 1 or batch_size < 1 or max_prompt_tokens < 1:
         raise RelaxSpecError("max_new_tokens, max_prompt_tokens and batch_size must be >= 1")
     out = Path(out_path)
     teacher = load_model(teacher_dir)
-    prompts = distill_prompts(corpus_dir, n_code, n_math, seed, n_synthcode)
+    prompts = distill_prompts(corpus_dir, n_code, n_math, seed, n_synthcode, n_math_styles)
     lengths = [len(ids) for ids in teacher.tokenizer([p["prompt"] for p in prompts])["input_ids"]]
     prompts = [p | {"prompt_len": n} for p, n in zip(prompts, lengths, strict=True) if n <= max_prompt_tokens]
     prompts.sort(key=lambda p: p["prompt_len"])  # stable: ties keep the shuffled order
