@@ -245,9 +245,15 @@ class CycleCosts:
     length K is K + 1 rounds (K draft forwards, one verify): in a lockstep batch each round also
     pays the wake-up of every row's thread, their sampling and bookkeeping under the GIL and the
     batch's masks, a cost that scales with rounds and rows, not with the forward's tokens. It is
-    learned from every measured cycle as ``(seconds − predicted) / (K + 1)``, so the AR baseline
-    (one round) alone already prices the rounds a K > 0 cycle would add. A bucket never measured
-    uses the global overhead (0 before any cycle).
+    learned from the AR cycles (one round each) as ``seconds − predicted``, so the AR baseline
+    alone already prices the rounds a K > 0 cycle would add. A bucket never measured uses the
+    global overhead (0 before any AR cycle).
+
+    A drafting round does more than an AR round beyond its forward (proposal bookkeeping, the
+    rule over K + 1 rows, the cache's rollback), so that AR-priced estimate of a drafting cell is
+    optimistic. ``drafting_correction`` learns by how much: the moving ratio of each measured
+    drafting cycle's seconds to its AR-priced estimate, applied to drafting cells not measured
+    yet (at a new batch size: the ratio learned at the others).
     """
 
     rate: float = 0.1
@@ -255,16 +261,24 @@ class CycleCosts:
     cells: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     overheads: dict[int, float] = field(default_factory=dict)  # bucket -> seconds per round
     global_overhead: float | None = None
+    drafting_correction: float = 1.0
+    max_correction: float = 4.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def observe(self, bucket: int, k: int, seconds: float, predicted: float) -> None:
         if not (seconds > 0) or not np.isfinite(seconds) or not (predicted > 0):
             return
-        per_round = max(0.0, seconds - predicted) / (k + 1)
+        if k > 0:
+            ratio = seconds / (predicted + (k + 1) * self.overhead(bucket))
         with self._lock:
             self.cells.setdefault((bucket, k), deque(maxlen=self.window)).append(seconds)
-            self.overheads[bucket] = ema(self.overheads.get(bucket), per_round, self.rate)
-            self.global_overhead = ema(self.global_overhead, per_round, self.rate)
+            if k == 0:  # an AR cycle is one round: its excess over the forward is the round's
+                per_round = max(0.0, seconds - predicted)
+                self.overheads[bucket] = ema(self.overheads.get(bucket), per_round, self.rate)
+                self.global_overhead = ema(self.global_overhead, per_round, self.rate)
+            else:
+                updated = ema(self.drafting_correction, ratio, self.rate)
+                self.drafting_correction = min(max(updated, 1 / self.max_correction), self.max_correction)
 
     def measured(self, bucket: int, k: int) -> bool:
         with self._lock:
@@ -280,7 +294,44 @@ class CycleCosts:
             measured = self.cells.get((bucket, k))
             if measured:
                 return float(np.median(measured))
-        return predicted + (k + 1) * self.overhead(bucket)
+            correction = self.drafting_correction if k > 0 else 1.0
+        return (predicted + (k + 1) * self.overhead(bucket)) * correction
+
+
+@dataclass
+class WindowRates:
+    """Measured goodput per (batch-size bucket, K): committed tokens per row-second over whole
+    decision windows, pool-wide.
+
+    A window is the time one decision (K for every row of a bucket) held, less its first
+    ``settle_seconds`` after a change of K. Its tokens are what every row committed in it, its
+    row-seconds ∫ rows dt; a cell keeps decayed sums of both over its windows, so its goodput is
+    a ratio of sums. Unlike per-cycle timings this needs no attribution of a lockstep round's wait
+    to a row: a round slowed by a joining row's prefill or by another row's longer draft slows
+    the window it falls in, and only that window.
+    """
+
+    decay: float = 0.7  # weight of a cell's earlier windows when a new one is added
+    min_row_seconds: float = 0.05  # shorter windows (and windows without tokens) are dropped
+    cells: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, bucket: int, k: int, tokens: float, row_seconds: float) -> None:
+        if not (row_seconds >= self.min_row_seconds) or not np.isfinite(row_seconds) or not tokens > 0:
+            return  # too short, or no cycle ended in it: no evidence either way
+        with self._lock:
+            old_tokens, old_seconds = self.cells.get((bucket, k), (0.0, 0.0))
+            self.cells[bucket, k] = (self.decay * old_tokens + tokens, self.decay * old_seconds + row_seconds)
+
+    def measured(self, bucket: int, k: int) -> bool:
+        with self._lock:
+            return (bucket, k) in self.cells
+
+    def goodput(self, bucket: int, k: int) -> float | None:
+        """Tokens per row-second of the cell (None: never measured)."""
+        with self._lock:
+            cell = self.cells.get((bucket, k))
+        return None if cell is None else cell[0] / cell[1]
 
 
 @dataclass
@@ -304,17 +355,22 @@ class GoodputDraftLength:
     clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
+    windows: WindowRates = field(default_factory=WindowRates)
     chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
     _drafting: bool = False  # the side (AR or K > 0) of the decisions since _side_since
     _side_since: float | None = None
     _probe_until: float = float("-inf")
     _probe_k: int = 0  # the draft length of the running probe
+    _probe_bucket: int = -1  # the batch-size bucket it measures (it ends when the bucket changes)
     _probe_backoff: float = 1.0
     _probed: bool = False  # a probe ran and no decision has followed it yet
     _decision: int = 0
     _decided_at: float = float("-inf")
     _changed_at: float = float("-inf")
     _decided_bucket: int = -1
+    _window: list[float] = field(
+        default_factory=lambda: [float("inf"), 0.0, 0.0, 0.0]
+    )  # from, last, tokens, row-s
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -343,16 +399,18 @@ class GoodputDraftLength:
         """The draft length every row uses until the next decision (one per ``decision_seconds``
         or batch-size bucket change): rows of a lockstep batch wait for the longest draft, so
         mixed choices would cost every row the largest K and blur the measured cycle costs."""
-        assert self.tracker is not None
-        k, goodput = best_draft_length(
-            self.tracker.rates(),
-            self.k_max,
-            lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
-        )
+        self._close_window(now)
+        goodput = [self._goodput(rows, bucket, k) for k in range(self.k_max + 1)]
+        k = int(np.argmax(goodput))
         best_drafting = 1 + int(np.argmax(goodput[1:]))
-        if not self.cycles.measured(bucket, 0):
+        if not self.windows.measured(bucket, 0):
             k = 0  # measure the AR baseline of this batch size first: the others are compared to it
-        if now < self._probe_until:
+        elif k > 0 and self._lost_at_a_smaller_batch(bucket):
+            k = 0
+        if now < self._probe_until and bucket != self._probe_bucket:
+            self._probe_until, self._probed = float("-inf"), False  # cut short: measured nothing
+        probing = now < self._probe_until
+        if probing:
             k = self._probe_k
         else:
             drafting = k > 0
@@ -360,20 +418,77 @@ class GoodputDraftLength:
                 self._probed, self._side_since = False, now
                 backoff = 2 * self._probe_backoff if drafting == self._drafting else 1.0
                 self._probe_backoff = min(backoff, self.max_probe_backoff)
-            if drafting != self._drafting or self._side_since is None:  # a new side: base interval
+            if drafting and not self._drafting and not self.windows.measured(bucket, k):
+                # an unmeasured drafting cell is predicted to pay: try it for a probe window,
+                # not a whole decision; its measured cycles then decide
+                self._start_probe(k, bucket, now)
+            elif drafting != self._drafting or self._side_since is None:  # a new side: base interval
                 self._drafting, self._side_since, self._probe_backoff = drafting, now, 1.0
             elif now - self._side_since >= self.probe_interval * self._probe_backoff:
                 # try the other side for a window: at AR, α and the K > 0 costs stay measured;
                 # while drafting, the AR baseline stays measured under today's load (measured
                 # first, while a batch fills, it can look slower than it is in steady state)
-                self._probe_k = 0 if drafting else best_drafting
-                self._probe_until, self._probed = now + self.probe_window, True
-                k = self._probe_k
+                k = 0 if drafting else best_drafting
+                self._start_probe(k, bucket, now)
         # a probe's decision holds only for the probe window
-        held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
+        probing = now < self._probe_until and bucket == self._probe_bucket
+        held_from = now - self.decision_seconds + self.probe_window if probing else now
         if k != self._decision:
             self._changed_at = now
+        window_from = now + self.settle_seconds if k != self._decision else now
+        self._window = [window_from, window_from, 0.0, 0.0]
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
+
+    def _goodput(self, rows: int, bucket: int, k: int) -> float:
+        """Tokens per row-second at draft length K in this bucket: measured over windows where
+        there are some, else predicted from acceptance and the cycle costs."""
+        measured = self.windows.goodput(bucket, k)
+        if measured is not None:
+            return measured
+        assert self.tracker is not None
+        seconds = self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k))
+        return expected_tokens(self.tracker.rates(), k) / seconds
+
+    def _close_window(self, now: float) -> None:
+        """Record the window of the decision that ends now (caller holds the lock)."""
+        start, last, tokens, row_seconds = self._window
+        if now > last >= start:
+            row_seconds += max(1, self.rows()) * (now - last)
+        if self._decided_bucket >= 0:
+            self.windows.add(self._decided_bucket, self._decision, tokens, row_seconds)
+
+    def observe_tokens(self, n: int) -> None:
+        """Tokens one row committed in its cycle (counted in the current decision's window)."""
+        rows = max(1, self.rows())
+        with self._lock:
+            now = self.clock()
+            start, last, tokens, row_seconds = self._window
+            if now < start:
+                return
+            self._window = [start, now, tokens + n, row_seconds + rows * (now - last)]
+
+    def _lost_at_a_smaller_batch(self, bucket: int) -> bool:
+        """No drafting cycle measured at this batch size, and drafting lost at the nearest smaller
+        one: speculation gains less the more rows share a step (a verify grows with B·(K + 1)
+        tokens, the tokens a row gains do not), so it is not tried here before the regular probe."""
+        if any(self.windows.measured(bucket, d) for d in range(1, self.k_max + 1)):
+            return False
+        for smaller in range(bucket - 1, -1, -1):
+            ar = self.windows.goodput(smaller, 0)
+            drafted = [
+                g for d in range(1, self.k_max + 1) if (g := self.windows.goodput(smaller, d)) is not None
+            ]
+            if ar is not None and drafted:
+                return max(drafted) <= ar
+        return False
+
+    def _start_probe(self, k: int, bucket: int, now: float) -> None:
+        self._probe_k, self._probe_bucket, self._probe_until, self._probed = (
+            k,
+            bucket,
+            now + self.probe_window,
+            True,
+        )
 
     def predicted_seconds(self, rows: int, k: int) -> float:
         """``T(K, B)`` from the forward costs alone (module doc)."""

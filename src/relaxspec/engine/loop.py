@@ -267,6 +267,8 @@ class Engine:
             generated += len(chunk)
             if on_chunk is not None and chunk:
                 on_chunk(text.delta(final=finish != "length"), chunk)
+            if self.draft_length is not None:
+                self.draft_length.observe_tokens(len(chunk))
             if adapt is not None and k == previous_k:
                 # the whole cycle, waits on a shared batch and text work included; not the first
                 # at a new K (the draft's catch-up, rows still finishing the old K)
