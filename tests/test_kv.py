@@ -109,3 +109,37 @@ def test_rows_join_and_leave_a_position_layer_like_concatenation():
     select_layer_rows(layer, torch.tensor([2, 0]))
     assert torch.equal(layer.keys, torch.cat([want_k, step_k], dim=2)[[2, 0]])
     assert layer.get_seq_length() == 8
+
+
+@pytest.mark.parametrize("position", [True, False])
+def test_a_leaving_row_is_replaced_by_the_last_and_its_storage_reused(position):
+    """remove_layer_row(b) = the rows in order 0..B-2 with the last at b, on position layers and
+    transformers' own; a position layer then takes the next joining row into the freed storage
+    without reallocating."""
+    from transformers.cache_utils import DynamicLayer
+
+    from relaxspec.engine.kv import append_layer_row, remove_layer_row
+
+    gen = torch.Generator().manual_seed(1)
+    k, v = torch.randn(4, 2, 6, 3, generator=gen), torch.randn(4, 2, 6, 3, generator=gen)
+    layer = PositionLayer(max_length=64) if position else DynamicLayer()
+    layer.update(k, v)
+    remove_layer_row(layer, 1)
+    assert torch.equal(layer.keys, k[[0, 3, 2]]) and torch.equal(layer.values, v[[0, 3, 2]])
+    remove_layer_row(layer, 2)  # the last row: nothing moves
+    assert torch.equal(layer.keys, k[[0, 3]])
+    if not position:
+        return
+    storage = layer._keys.untyped_storage().data_ptr()
+    new_k, new_v = torch.randn(1, 2, 4, 3, generator=gen), torch.randn(1, 2, 4, 3, generator=gen)
+    append_layer_row(layer, new_k, new_v)
+    assert layer._keys.untyped_storage().data_ptr() == storage  # the freed row, no new buffer
+    want = torch.cat([k[[0, 3]], torch.nn.functional.pad(new_k, (0, 0, 2, 0))])
+    assert torch.equal(layer.keys, want)
+    step = torch.randn(3, 2, 1, 3, generator=gen)
+    keys, _ = layer.update(step, step)
+    assert torch.equal(keys, torch.cat([want, step], dim=2))
+    append_layer_row(layer, new_k, new_v)  # no spare row left: grows, keeping every row
+    assert torch.equal(layer.keys[:3], torch.cat([want, step], dim=2)) and layer.keys.shape[0] == 4
+    with pytest.raises(IndexError):
+        remove_layer_row(layer, 4)

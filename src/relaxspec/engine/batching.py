@@ -57,7 +57,7 @@ from relaxspec.engine.kv import (
     lm_factory,
     model_logits,
     new_cache,
-    select_layer_rows,
+    remove_layer_row,
     set_layer_kv,
 )
 from relaxspec.errors import Cancelled
@@ -136,19 +136,23 @@ class SharedCache:
     def remove(self, row: RowLM) -> None:
         if row not in self.rows:
             return
-        keep = [i for i, r in enumerate(self.rows) if r is not row]
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
+        if len(self.rows) == 1:
+            self.rows = []
             self.cache, self.valid, self.position = (
                 None,
                 torch.zeros((0, 0), dtype=torch.bool),
                 torch.zeros((0, 0), dtype=torch.long),
             )
             return
-        idx = torch.tensor(keep)
+        # the last row takes the leaving row's index: one row's slots move, not every row's
+        b, last = self.index(row), len(self.rows) - 1
         for layer in _layers(self.cache):
-            select_layer_rows(layer, idx)
-        self.valid, self.position = self.valid[idx], self.position[idx]
+            remove_layer_row(layer, b)
+        self.rows[b] = self.rows[last]
+        self.rows.pop()
+        if b != last:
+            self.valid[b], self.position[b] = self.valid[last], self.position[last]
+        self.valid, self.position = self.valid[:last], self.position[:last]
         self._compact_if_sparse()
 
     @torch.inference_mode()

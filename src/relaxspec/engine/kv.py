@@ -103,23 +103,47 @@ class PositionLayer(DynamicLayer):
 
     def append_row(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Add a batch row holding ``keys``/``values`` ``[1, heads, n, head_dim]`` (n ≤ length) in
-        its last n slots; its first ``length − n`` slots are holes (zeros). One copy of the live
-        slots, instead of padding, concatenating and re-buffering."""
+        its last n slots; its first ``length − n`` slots are holes (zeros).
+
+        Written into a spare row of the buffers where a removed row left one (no copy of the
+        others); else the buffers grow by half their rows, copying only the live slots."""
         B, H, capacity, D = self._keys.shape
         T, n = self.length, keys.shape[2]
         for name, new in (("_keys", keys), ("_values", values)):
             old = getattr(self, name)
-            grown = old.new_empty(B + 1, H, capacity, D)
-            grown[:B, :, :T] = old[:, :, :T]
+            base = old if old._base is None else old._base
+            if base.shape[0] > B and base.shape[1:] == old.shape[1:]:  # a spare row: old = base[:B]
+                grown = base[: B + 1]
+            else:
+                grown = old.new_empty(B + 1 + B // 2, H, capacity, D)[: B + 1]
+                grown[:B, :, :T] = old[:, :, :T]
             grown[B, :, : T - n] = 0
             grown[B, :, T - n : T] = new[0]
             setattr(self, name, grown)
         self.set_length(T)
 
+    def remove_row(self, b: int) -> None:
+        """Drop batch row ``b``: the last row moves into its place (one row's live slots copied),
+        and the buffers keep their storage, so a later :meth:`append_row` reuses the freed row."""
+        B, T = self._keys.shape[0], self.length
+        if not 0 <= b < B:
+            raise IndexError(f"row {b} of a {B}-row cache")
+        for name in ("_keys", "_values"):
+            buffer = getattr(self, name)
+            if b != B - 1:
+                buffer[b, :, :T] = buffer[B - 1, :, :T]
+            setattr(self, name, buffer[: B - 1])
+        self.set_length(T)
+
     def select_rows(self, index: torch.Tensor) -> None:
-        """Keep the batch rows ``index`` (in that order)."""
-        self._keys, self._values = self._keys[index], self._values[index]
-        self.set_length(self.length)
+        """Keep the batch rows ``index`` (in that order); copies only the live slots."""
+        T = self.length
+        for name in ("_keys", "_values"):
+            old = getattr(self, name)
+            kept = old.new_empty(len(index), *old.shape[1:])
+            kept[:, :, :T] = old[index, :, :T]
+            setattr(self, name, kept)
+        self.set_length(T)
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
@@ -148,6 +172,18 @@ def append_layer_row(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tens
     holes = (0, 0, layer.keys.shape[-2] - keys.shape[-2], 0)
     keys, values = torch.nn.functional.pad(keys, holes), torch.nn.functional.pad(values, holes)
     set_layer_kv(layer, torch.cat([layer.keys, keys], dim=0), torch.cat([layer.values, values], dim=0))
+
+
+def remove_layer_row(layer: DynamicLayer, b: int) -> None:
+    """Drop batch row ``b`` of ``layer``; the last row takes its index (rows ``0 .. B−2`` after)."""
+    if isinstance(layer, PositionLayer) and layer.is_initialized:
+        layer.remove_row(b)
+        return
+    B = layer.keys.shape[0]
+    index = torch.arange(B - 1)
+    if b < B - 1:
+        index[b] = B - 1
+    set_layer_kv(layer, layer.keys[index], layer.values[index])
 
 
 def select_layer_rows(layer: DynamicLayer, index: torch.Tensor) -> None:
