@@ -495,3 +495,16 @@ def test_nucleus_from_the_top_values_equals_the_full_sort(vocab, scale, theta, s
     before = torch.cat([torch.zeros_like(sorted_p[..., :1]), sorted_p.cumsum(-1)[..., :-1]], dim=-1)
     threshold = sorted_p.gather(-1, (before < theta).sum(-1, keepdim=True) - 1)
     assert torch.equal(nucleus_mask(p, theta), (p >= threshold) & (p > 0))
+
+
+def test_nsd_rule_takes_the_regimes_default_theta_where_none_is_given():
+    from relaxspec.core.acceptance import NSD_DEFAULT_THETA, nsd_rule
+    from relaxspec.methods import resolve_params
+
+    assert nsd_rule(None, greedy=True) == Nucleus(NSD_DEFAULT_THETA["greedy"], greedy=True)
+    assert nsd_rule(None, greedy=False) == Nucleus(NSD_DEFAULT_THETA["sampling"])
+    assert nsd_rule(0.9, greedy=True) == Nucleus(0.9, greedy=True)
+    assert all(0 < theta <= 1 for theta in NSD_DEFAULT_THETA.values())
+    assert resolve_params("nsd", {})["theta"] is None  # the engine resolves it per request's regime
+    with pytest.raises(RelaxSpecError):
+        resolve_params("nsd", {"theta": 1.5})

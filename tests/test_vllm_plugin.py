@@ -233,6 +233,18 @@ def test_expand_batch_to_tokens_in_plain_torch():
     assert out.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.3])
 
 
+def test_nsd_without_theta_uses_each_regimes_default_theta():
+    """The same per-regime default θ as our engine's `nsd` (core.acceptance.NSD_DEFAULT_THETA)."""
+    from relaxspec.core.acceptance import NSD_DEFAULT_THETA
+
+    for choice in (RuleChoice("nsd"), RuleChoice("nsd", {"theta": None}), choice_from_args({"rule": "nsd"})):
+        assert choice.rule(False) == Nucleus(NSD_DEFAULT_THETA["sampling"])
+        assert choice.rule(True) == Nucleus(NSD_DEFAULT_THETA["greedy"], greedy=True)
+    assert RuleChoice("nsd", {"theta": 0.9}).rule(True) == Nucleus(0.9, greedy=True)  # given: both
+    again = json.loads(RuleChoice("nsd").to_json())  # how the default travels to vLLM's processes
+    assert choice_from_args(again) == RuleChoice("nsd")
+
+
 def test_rule_arguments_validated():
     assert choice_from_args({"rule": "nucleus", "theta": "0.9"}).rule(False) == Nucleus(0.9)
     assert choice_from_args({"theta": 0.5}).name == "nsd"  # a parameter implies its rule

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
+from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical, nsd_rule
 from relaxspec.engine import Engine
 from relaxspec.engine.packed import KERNELS
 from relaxspec.engine.packed import attach as attach_kernels
@@ -177,8 +177,8 @@ register(
     draft_model_method(
         "nsd",
         "Nucleus Speculative Decoding: also accept drafts in the target's θ-nucleus",
-        {"theta": 0.95},
-        lambda p: (Nucleus(p["theta"]), Nucleus(p["theta"], greedy=True)),
+        {"theta": None},  # None: the regime's default θ (core.acceptance.NSD_DEFAULT_THETA)
+        lambda p: (nsd_rule(p["theta"], greedy=False), nsd_rule(p["theta"], greedy=True)),
     )
 )
 register(

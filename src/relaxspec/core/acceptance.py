@@ -30,6 +30,7 @@ from relaxspec.errors import require
 
 __all__ = [
     "NO_TOKEN",
+    "NSD_DEFAULT_THETA",
     "AcceptanceRule",
     "Exact",
     "Gate",
@@ -43,6 +44,7 @@ __all__ = [
     "argmax_mask",
     "check_distribution",
     "check_verify_inputs",
+    "nsd_rule",
     "nucleus_mask",
     "residual_distribution",
     "verify",
@@ -289,6 +291,20 @@ class Nucleus(AcceptanceRule):
 
     def relaxed_set(self, p: Tensor) -> Tensor:
         return _nucleus_mask(p, float(self.theta))
+
+
+# NSD's θ where a user gives none, per decoding regime ("greedy": temperature 0; "sampling"),
+# the largest θ of the measured speed–quality frontier whose quality stays inside the lossless
+# baseline's 95 % interval on the bundled family (docs/results.md, "NSD's default θ").
+NSD_DEFAULT_THETA = {"greedy": 0.8, "sampling": 0.8}
+
+
+def nsd_rule(theta: float | None, greedy: bool) -> Nucleus:
+    """NSD's rule for one regime: ``Nucleus(theta)``, or the regime's default θ
+    (:data:`NSD_DEFAULT_THETA`) where ``theta`` is None."""
+    if theta is None:
+        theta = NSD_DEFAULT_THETA["greedy" if greedy else "sampling"]
+    return Nucleus(theta, greedy=greedy)
 
 
 @dataclass(frozen=True)

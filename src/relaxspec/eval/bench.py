@@ -271,7 +271,13 @@ def _engine_runner(
         if collect:
             out["diagnostics"] = diagnostics.collect(
                 diagnostics.Generation(
-                    method, params, cycles, engine.encode(ex.prompt), result.tokens, models
+                    method,
+                    params,
+                    cycles,
+                    engine.encode(ex.prompt),
+                    result.tokens,
+                    models,
+                    greedy=sampling.temperature == 0,
                 )
             )
         return out

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from relaxspec.core.acceptance import nucleus_mask
+from relaxspec.core.acceptance import nsd_rule, nucleus_mask
 from relaxspec.engine import CycleRecord
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.prove_diagnostics import (
@@ -72,6 +72,7 @@ class Generation:
     prompt_ids: torch.Tensor | None = None
     tokens: Sequence[int] = ()
     models: Any = None
+    greedy: bool = True  # the decoding regime (temperature 0)
 
 
 @dataclass(frozen=True)
@@ -202,11 +203,12 @@ def rejection_counters(
     return c
 
 
-def nucleus_theta(method: str, params: dict[str, Any], default: float = 0.95) -> float:
+def nucleus_theta(method: str, params: dict[str, Any], greedy: bool, default: float = 0.95) -> float:
     """θ of the nucleus the analysis tests against: the method's own where its rule is the
-    nucleus (``nsd``, ``accept=nucleus``), else the paper's 0.95."""
+    nucleus (``nsd`` — its regime's default θ where none was given —, ``accept=nucleus``), else
+    the paper's 0.95."""
     if method == "nsd" or params.get("accept") == "nucleus":
-        return float(params["theta"])
+        return nsd_rule(params.get("theta"), greedy).theta
     return default
 
 
@@ -379,7 +381,7 @@ def _needs(method: str) -> tuple[str, ...]:
 register_diagnostic(
     Diagnostic(
         "rejections",
-        lambda g: rejection_counters(g.records, nucleus_theta(g.method, g.params)),
+        lambda g: rejection_counters(g.records, nucleus_theta(g.method, g.params, g.greedy)),
         rejection_summary,
     )
 )

@@ -14,7 +14,7 @@ Vocabulary (method names as in :mod:`relaxspec.methods`; rule names are aliases)
 ``rule``       alias           sampling rule / greedy rule                parameters (default)
 =============  ==============  =========================================  =====================
 ``sd``         ``exact``       ``Exact()`` / ``Greedy()``                 —
-``nsd``        ``nucleus``     ``Nucleus(θ)`` / ``Nucleus(θ, greedy)``    ``theta`` (0.95)
+``nsd``        ``nucleus``     ``Nucleus(θ)`` / ``Nucleus(θ, greedy)``    ``theta`` (per regime)
 ``topk``       ``top_k``       ``TopK(k)`` / ``TopK(k, greedy)``          ``accept_k`` (2)
 ``typical``    —               ``Typical(ε, δ)`` / greedy variant         ``epsilon`` (0.09), ``delta`` (0.3)
 ``lenience``   —               ``Lenience(ℓ)`` / ``Lenience(ℓ, greedy)``  ``ell`` (0.5)
@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical
+from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Rule, TopK, Typical, nsd_rule
 from relaxspec.errors import RelaxSpecError
 
 ENV_RULE = "RELAXSPEC_VLLM_RULE"
@@ -45,7 +45,7 @@ RULE_KEY = "rule"
 # name -> (parameter defaults, factory(params, greedy) -> rule)
 _RULES: dict[str, tuple[dict[str, Any], Any]] = {
     "sd": ({}, lambda p, g: Greedy() if g else Exact()),
-    "nsd": ({"theta": 0.95}, lambda p, g: Nucleus(p["theta"], greedy=g)),
+    "nsd": ({"theta": None}, lambda p, g: nsd_rule(p["theta"], g)),  # None: NSD_DEFAULT_THETA
     "topk": ({"accept_k": 2}, lambda p, g: TopK(p["accept_k"], greedy=g)),
     "typical": (
         {"epsilon": 0.09, "delta": 0.3},
@@ -114,7 +114,8 @@ class RuleChoice:
                 f"rule {name!r} takes {', '.join(defaults) or 'no parameters'}; "
                 f"got {', '.join(sorted(unknown))}"
             )
-        params = {**defaults, **{k: _number(k, v) for k, v in self.params.items()}}
+        # a None value means the rule's default (NSD's default θ is per regime: None until built)
+        params = {**defaults, **{k: _number(k, v) for k, v in self.params.items() if v is not None}}
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "params", params)
         try:

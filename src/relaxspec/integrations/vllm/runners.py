@@ -39,7 +39,7 @@ from relaxspec.models import model_dir
 METHODS: dict[str, dict[str, Any]] = {
     "ar": {},
     "sd": {"k": 4},
-    "nsd": {"k": 4, "theta": 0.95},
+    "nsd": {"k": 4, "theta": None},
     "topk": {"k": 4, "accept_k": 2},
     "typical": {"k": 4, "epsilon": 0.09, "delta": 0.3},
     "lenience": {"k": 4, "ell": 0.5},
