@@ -96,6 +96,12 @@ def test_choice_speculates_when_verifying_is_cheap_and_not_when_compute_bound():
     assert best_draft_length(high, 8, forward_seconds(64, CPU, CHEAP_DRAFT))[0] == 0
 
 
+def cheap_draft_policy(**settings) -> GoodputDraftLength:
+    """A policy over the CPU-shaped target costs and a cheap draft, measuring every cycle
+    (``settle_seconds`` 0) unless ``settings`` say otherwise."""
+    return GoodputDraftLength(CPU, CHEAP_DRAFT, **{"settle_seconds": 0.0, **settings})
+
+
 def with_ar_baseline(policy: GoodputDraftLength, *rows: int) -> GoodputDraftLength:
     """Record AR cycles at their predicted cost for these batch sizes (a policy measures the AR
     baseline of a batch size before it compares drafting with it)."""
@@ -185,15 +191,8 @@ def test_live_costs_follow_observed_forwards():
 
 def test_measured_cycles_override_the_forward_prediction():
     rows = {"n": 1}
-    policy = GoodputDraftLength(
-        CPU,
-        CHEAP_DRAFT,
-        k_max=4,
-        rows=lambda: rows["n"],
-        probe_interval=1e9,
-        probe_window=0.0,
-        decision_seconds=0.0,
-        settle_seconds=0.0,
+    policy = cheap_draft_policy(
+        k_max=4, rows=lambda: rows["n"], probe_interval=1e9, probe_window=0.0, decision_seconds=0.0
     )
     with_ar_baseline(policy, 1)
     for _ in range(20):
@@ -279,15 +278,8 @@ def test_tracker_rejects_bad_settings():
 
 def test_one_decision_holds_for_every_row_until_it_expires_or_the_batch_changes():
     rows, now = {"n": 1}, {"t": 0.0}
-    policy = GoodputDraftLength(
-        CPU,
-        CHEAP_DRAFT,
-        k_max=8,
-        rows=lambda: rows["n"],
-        decision_seconds=0.25,
-        probe_window=0.25,
-        clock=lambda: now["t"],
-        settle_seconds=0.0,
+    policy = cheap_draft_policy(
+        k_max=8, rows=lambda: rows["n"], decision_seconds=0.25, probe_window=0.25, clock=lambda: now["t"]
     )
     with_ar_baseline(policy, 1, 2)
     for _ in range(20):
