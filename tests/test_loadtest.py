@@ -89,6 +89,7 @@ def test_speedups_relative_to_ar_at_the_same_concurrency():
         (LoadtestConfig(max_tokens=0), "max_tokens"),
         (LoadtestConfig(spawn=True), "--spawn needs --method"),
         (LoadtestConfig(url="localhost:8000"), "http://"),
+        (LoadtestConfig(repeats=0), "--repeats"),
     ],
 )
 def test_bad_config(config, message):
@@ -131,6 +132,34 @@ def test_run_against_server(server_url, tmp_path, capsys):
     assert "nsd" in capsys.readouterr().out
     write_report(report, tmp_path / "lt.json")
     assert json.loads((tmp_path / "lt.json").read_text())["levels"] == report["levels"]
+
+
+def test_repeats_run_in_abba_order_and_pool_per_level(server_url, capsys):
+    """--repeats 2: ar, nsd, then nsd, ar at each level; each level pools both repeats' requests
+    and keeps every repeat's throughput and ratio to ar."""
+    config = LoadtestConfig(
+        url=server_url, concurrency=[2], requests=3, max_tokens=4, methods=["ar", "nsd"], warmup=1, repeats=2
+    )
+    order: list[str] = []
+    report = run_loadtest(config, PROMPTS, progress=order.append)
+    assert order == [
+        "ar at concurrency 2 (repeat 1/2)",
+        "nsd at concurrency 2 (repeat 1/2)",
+        "nsd at concurrency 2 (repeat 2/2)",
+        "ar at concurrency 2 (repeat 2/2)",
+    ]
+    ar, nsd = report["levels"]
+    assert ar["requests"] == nsd["requests"] == 6 and report["failed"] == 0
+    assert len(ar["repeat_throughputs"]) == len(nsd["repeat_throughputs"]) == 2
+    ratios = report["speedup_per_repeat"]["nsd"]["2"]
+    want = [n / a for n, a in zip(nsd["repeat_throughputs"], ar["repeat_throughputs"], strict=True)]
+    assert ratios == pytest.approx(want)
+    assert (
+        min(ratios) <= report["speedup"]["nsd"]["2"] * 1.0001
+        and max(ratios) >= report["speedup"]["nsd"]["2"] * 0.9999
+    )
+    print_table(report)
+    assert "–" in capsys.readouterr().out  # the per-repeat range beside the pooled ratio
 
 
 def test_fixed_length_requests(server_url):

@@ -910,6 +910,9 @@ def loadtest_cmd(
     url: Annotated[str, typer.Option(help="server to load (ignored with --spawn)")] = "http://127.0.0.1:8000",
     concurrency: Annotated[str, typer.Option(help="comma-separated concurrency levels")] = "1,2,4,8,16,32",
     requests: Annotated[int, typer.Option(help="requests per level and method")] = 64,
+    repeats: Annotated[
+        int, typer.Option(help="measure each level this many times per method (ABBA order), pooled")
+    ] = 1,
     max_tokens: int = 64,
     method: Annotated[
         str | None, typer.Option(help="comma-separated methods, e.g. ar,nsd (default: the server's)")
@@ -981,6 +984,7 @@ def loadtest_cmd(
         spawn_args=spawn_args,
         api_key=api_key,
         engine=engine,
+        repeats=repeats,
     )
     prompts = load_prompts(dataset, limit)
     report = run_loadtest(config, prompts, progress=lambda text: print(f"measuring {text}", file=sys.stderr))

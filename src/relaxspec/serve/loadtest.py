@@ -77,6 +77,7 @@ class LevelResult:
     ttft_p99: float | None
     tau: float | None
     errors: list[str] = field(default_factory=list)  # the first few distinct messages
+    repeat_throughputs: list[float] = field(default_factory=list)  # tok/s of each repeat (--repeats)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class LoadtestConfig:
     startup_timeout: float = 300.0
     api_key: str | None = None  # sent as a bearer token; spawned servers get it in their environment
     engine: str = "relaxspec"  # spawned servers: "vllm" = vLLM's server with the plugin (vllm-*: stock)
+    repeats: int = 1  # each level measured this many times per method, in ABBA order, then pooled
 
     @property
     def headers(self) -> dict[str, str]:
@@ -352,6 +354,8 @@ def validate(config: LoadtestConfig) -> None:
             raise RelaxSpecError(f"{name} must be an integer >= 1, got {value!r}")
     if config.warmup < 0:
         raise RelaxSpecError(f"warmup must be >= 0, got {config.warmup}")
+    if config.repeats < 1:
+        raise RelaxSpecError(f"--repeats must be >= 1, got {config.repeats}")
     if config.spawn and not config.methods:
         raise RelaxSpecError("--spawn needs --method (one server is started per method)")
     if not config.spawn and not config.url.startswith(("http://", "https://")):
@@ -373,20 +377,52 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
             asyncio.run(warm_up(urls[method], prompts, config, _override(config, method)))
         levels: list[LevelResult] = []
         for concurrency in config.concurrency:
+            pooled: dict[str | None, tuple[list[RequestRecord], float, list[float]]] = {
+                m: ([], 0.0, []) for m in methods
+            }
+            for repeat in range(config.repeats):
+                # ABBA: the second repeat runs the methods in reverse, so a drift of the machine
+                # over the level weighs on every method alike
+                for method in methods if repeat % 2 == 0 else methods[::-1]:
+                    name = method or "default"
+                    if progress is not None:
+                        progress(f"{name} at concurrency {concurrency}" + _repeat_text(repeat, config))
+                    records, wall = asyncio.run(
+                        run_level(urls[method], prompts, config, concurrency, _override(config, method))
+                    )
+                    done, seconds, rates = pooled[method]
+                    rates.append(summarize(name, concurrency, records, wall).throughput)
+                    pooled[method] = (done + records, seconds + wall, rates)
             for method in methods:
-                name = method or "default"
-                if progress is not None:
-                    progress(f"{name} at concurrency {concurrency}")
-                records, wall = asyncio.run(
-                    run_level(urls[method], prompts, config, concurrency, _override(config, method))
-                )
-                levels.append(summarize(name, concurrency, records, wall))
+                records, wall, rates = pooled[method]
+                level = summarize(method or "default", concurrency, records, wall)
+                level.repeat_throughputs = rates if config.repeats > 1 else []
+                levels.append(level)
     return {
         "config": {**asdict(config), "api_key": "(set)" if config.api_key else None},  # never the key
         "levels": [asdict(lv) for lv in levels],
         "speedup": {m: {str(c): v for c, v in by_c.items()} for m, by_c in speedups(levels).items()},
+        "speedup_per_repeat": repeat_speedups(levels),
         "failed": sum(lv.failed for lv in levels),
     }
+
+
+def _repeat_text(repeat: int, config: LoadtestConfig) -> str:
+    return f" (repeat {repeat + 1}/{config.repeats})" if config.repeats > 1 else ""
+
+
+def repeat_speedups(levels: Sequence[LevelResult], baseline: str = "ar") -> dict[str, dict[str, list[float]]]:
+    """Per method and concurrency, throughput / the baseline's in each repeat (the run-to-run
+    spread that says what "within noise" means); empty without ``--repeats``."""
+    base = {lv.concurrency: lv.repeat_throughputs for lv in levels if lv.method == baseline}
+    out: dict[str, dict[str, list[float]]] = {}
+    for lv in levels:
+        ref = base.get(lv.concurrency)
+        if lv.method == baseline or not ref or len(ref) != len(lv.repeat_throughputs):
+            continue
+        ratios = [x / r for x, r in zip(lv.repeat_throughputs, ref, strict=True) if r > 0]
+        out.setdefault(lv.method, {})[str(lv.concurrency)] = ratios
+    return out
 
 
 def _override(config: LoadtestConfig, method: str | None) -> str | None:
@@ -420,16 +456,18 @@ def print_table(report: dict[str, Any]) -> None:
     columns = ("method", "C", "req", "failed", "tok/s", "speedup", "τ")
     for col in (*columns, "lat p50", "lat p99", "TTFT p50", "TTFT p99"):
         table.add_column(col, justify="right", no_wrap=True)
-    speedup = report["speedup"]
+    speedup, per_repeat = report["speedup"], report.get("speedup_per_repeat", {})
     for lv in report["levels"]:
         ratio = speedup.get(lv["method"], {}).get(str(lv["concurrency"]))
+        repeats = per_repeat.get(lv["method"], {}).get(str(lv["concurrency"]))
+        spread = f" ({min(repeats):.2f}–{max(repeats):.2f})" if repeats else ""  # per-repeat range
         table.add_row(
             lv["method"],
             str(lv["concurrency"]),
             str(lv["requests"]),
             str(lv["failed"]),
             _fmt(lv["throughput"], digits=1),
-            "-" if ratio is None else f"{ratio:.2f}x",
+            "-" if ratio is None else f"{ratio:.2f}x{spread}",
             _fmt(lv["tau"]),
             _fmt(lv["latency_p50"], 1000, 0),
             _fmt(lv["latency_p99"], 1000, 0),
