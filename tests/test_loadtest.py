@@ -154,10 +154,6 @@ def test_repeats_run_in_abba_order_and_pool_per_level(server_url, capsys):
     ratios = report["speedup_per_repeat"]["nsd"]["2"]
     want = [n / a for n, a in zip(nsd["repeat_throughputs"], ar["repeat_throughputs"], strict=True)]
     assert ratios == pytest.approx(want)
-    assert (
-        min(ratios) <= report["speedup"]["nsd"]["2"] * 1.0001
-        and max(ratios) >= report["speedup"]["nsd"]["2"] * 0.9999
-    )
     print_table(report)
     assert "–" in capsys.readouterr().out  # the per-repeat range beside the pooled ratio
 
