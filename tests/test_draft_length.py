@@ -433,7 +433,8 @@ def test_drafting_that_lost_at_a_smaller_batch_is_not_tried_at_a_larger_one():
     assert lost.choose(4) == 0
     rows["n"] = 8
     assert lost.choose(4) == 0  # eight rows: not tried, though the forwards predict a gain
-    assert lost._goodput(8, rows_bucket(8), 2) > lost._goodput(8, rows_bucket(8), 0)
+    goodput = lost._goodputs(8, rows_bucket(8))
+    assert goodput[2] > goodput[0]
     won, rows = policy_with_two_rows_measured(1.3)
     assert won.choose(4) > 0
     rows["n"] = 8

@@ -335,6 +335,20 @@ class WindowRates:
 
 
 @dataclass
+class _Window:
+    """The running decision window: counted from ``start`` (after settling), tokens committed
+    and row-seconds integrated up to ``last``."""
+
+    start: float
+    last: float = field(init=False)
+    tokens: float = 0.0
+    row_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.last = self.start
+
+
+@dataclass
 class GoodputDraftLength:
     """Choose each cycle's draft length from the batch size and measured acceptance.
 
@@ -368,9 +382,7 @@ class GoodputDraftLength:
     _decided_at: float = float("-inf")
     _changed_at: float = float("-inf")
     _decided_bucket: int = -1
-    _window: list[float] = field(
-        default_factory=lambda: [float("inf"), 0.0, 0.0, 0.0]
-    )  # from, last, tokens, row-s
+    _window: _Window = field(default_factory=lambda: _Window(start=float("inf")))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -400,7 +412,7 @@ class GoodputDraftLength:
         or batch-size bucket change): rows of a lockstep batch wait for the longest draft, so
         mixed choices would cost every row the largest K and blur the measured cycle costs."""
         self._close_window(now)
-        goodput = [self._goodput(rows, bucket, k) for k in range(self.k_max + 1)]
+        goodput = self._goodputs(rows, bucket)
         k = int(np.argmax(goodput))
         best_drafting = 1 + int(np.argmax(goodput[1:]))
         if not self.windows.measured(bucket, 0):
@@ -409,8 +421,7 @@ class GoodputDraftLength:
             k = 0
         if now < self._probe_until and bucket != self._probe_bucket:
             self._probe_until, self._probed = float("-inf"), False  # cut short: measured nothing
-        probing = now < self._probe_until
-        if probing:
+        if now < self._probe_until:
             k = self._probe_k
         else:
             drafting = k > 0
@@ -430,42 +441,43 @@ class GoodputDraftLength:
                 # first, while a batch fills, it can look slower than it is in steady state)
                 k = 0 if drafting else best_drafting
                 self._start_probe(k, bucket, now)
-        # a probe's decision holds only for the probe window
-        probing = now < self._probe_until and bucket == self._probe_bucket
-        held_from = now - self.decision_seconds + self.probe_window if probing else now
+        # a probe's decision holds only for the probe window (a running probe is this bucket's)
+        held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
         if k != self._decision:
             self._changed_at = now
-        window_from = now + self.settle_seconds if k != self._decision else now
-        self._window = [window_from, window_from, 0.0, 0.0]
+        self._window = _Window(start=now + self.settle_seconds if k != self._decision else now)
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
 
-    def _goodput(self, rows: int, bucket: int, k: int) -> float:
-        """Tokens per row-second at draft length K in this bucket: measured over windows where
-        there are some, else predicted from acceptance and the cycle costs."""
-        measured = self.windows.goodput(bucket, k)
-        if measured is not None:
-            return measured
+    def _goodputs(self, rows: int, bucket: int) -> list[float]:
+        """Tokens per row-second for K = 0 .. k_max in this bucket: measured over windows where
+        there are some, else predicted from acceptance and the cycle costs (module doc)."""
         assert self.tracker is not None
-        seconds = self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k))
-        return expected_tokens(self.tracker.rates(), k) / seconds
+        _, predicted = best_draft_length(
+            self.tracker.rates(),
+            self.k_max,
+            lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
+        )
+        measured = [self.windows.goodput(bucket, k) for k in range(self.k_max + 1)]
+        return [p if m is None else m for m, p in zip(measured, predicted, strict=True)]
 
     def _close_window(self, now: float) -> None:
         """Record the window of the decision that ends now (caller holds the lock)."""
-        start, last, tokens, row_seconds = self._window
-        if now > last >= start:
-            row_seconds += max(1, self.rows()) * (now - last)
+        w = self._window
+        if now > w.last >= w.start:
+            w.row_seconds += max(1, self.rows()) * (now - w.last)
         if self._decided_bucket >= 0:
-            self.windows.add(self._decided_bucket, self._decision, tokens, row_seconds)
+            self.windows.add(self._decided_bucket, self._decision, w.tokens, w.row_seconds)
 
     def observe_tokens(self, n: int) -> None:
         """Tokens one row committed in its cycle (counted in the current decision's window)."""
         rows = max(1, self.rows())
         with self._lock:
-            now = self.clock()
-            start, last, tokens, row_seconds = self._window
-            if now < start:
+            now, w = self.clock(), self._window
+            if now < w.start:
                 return
-            self._window = [start, now, tokens + n, row_seconds + rows * (now - last)]
+            w.tokens += n
+            w.row_seconds += rows * (now - w.last)
+            w.last = now
 
     def _lost_at_a_smaller_batch(self, bucket: int) -> bool:
         """No drafting cycle measured at this batch size, and drafting lost at the nearest smaller
@@ -483,12 +495,8 @@ class GoodputDraftLength:
         return False
 
     def _start_probe(self, k: int, bucket: int, now: float) -> None:
-        self._probe_k, self._probe_bucket, self._probe_until, self._probed = (
-            k,
-            bucket,
-            now + self.probe_window,
-            True,
-        )
+        self._probe_k, self._probe_bucket = k, bucket
+        self._probe_until, self._probed = now + self.probe_window, True
 
     def predicted_seconds(self, rows: int, k: int) -> float:
         """``T(K, B)`` from the forward costs alone (module doc)."""

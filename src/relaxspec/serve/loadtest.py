@@ -377,9 +377,9 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
             asyncio.run(warm_up(urls[method], prompts, config, _override(config, method)))
         levels: list[LevelResult] = []
         for concurrency in config.concurrency:
-            pooled: dict[str | None, tuple[list[RequestRecord], float, list[float]]] = {
-                m: ([], 0.0, []) for m in methods
-            }
+            records: dict[str | None, list[RequestRecord]] = {m: [] for m in methods}
+            walls: dict[str | None, float] = dict.fromkeys(methods, 0.0)
+            rates: dict[str | None, list[float]] = {m: [] for m in methods}  # tok/s per repeat
             for repeat in range(config.repeats):
                 # ABBA: the second repeat runs the methods in reverse, so a drift of the machine
                 # over the level weighs on every method alike
@@ -387,16 +387,15 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
                     name = method or "default"
                     if progress is not None:
                         progress(f"{name} at concurrency {concurrency}" + _repeat_text(repeat, config))
-                    records, wall = asyncio.run(
+                    done, wall = asyncio.run(
                         run_level(urls[method], prompts, config, concurrency, _override(config, method))
                     )
-                    done, seconds, rates = pooled[method]
-                    rates.append(summarize(name, concurrency, records, wall).throughput)
-                    pooled[method] = (done + records, seconds + wall, rates)
+                    rates[method].append(summarize(name, concurrency, done, wall).throughput)
+                    records[method] += done
+                    walls[method] += wall
             for method in methods:
-                records, wall, rates = pooled[method]
-                level = summarize(method or "default", concurrency, records, wall)
-                level.repeat_throughputs = rates if config.repeats > 1 else []
+                level = summarize(method or "default", concurrency, records[method], walls[method])
+                level.repeat_throughputs = rates[method] if config.repeats > 1 else []
                 levels.append(level)
     return {
         "config": {**asdict(config), "api_key": "(set)" if config.api_key else None},  # never the key
