@@ -138,3 +138,29 @@ def test_shared_cache_is_position_indexed_and_steps_write_in_place(target):
     assert layer.keys.shape[2] == shared.physical_length
     shared.remove(rows[0])
     assert shared.cache.layers[0]._keys.shape[0] == 1 and shared.cache.layers[0].keys.shape[2] == 13
+
+
+def test_phase_alignment_verifies_the_whole_batch_at_once(target, unrelated_draft):
+    """Rows that joined at different times draft in different phases; the batcher holds the
+    verifier's requests while draft forwards are pending, so the batch verifies together: fewer
+    target forwards than without holding, each carrying more rows, and outputs unchanged."""
+    from relaxspec.engine.kv import observe_forwards
+
+    models = ModelSet(target=target, draft=unrelated_draft)  # a draft smaller than the target
+    sampling = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
+    alone = ServingPool(models, "sd", {"k": 3}, batching=False)
+    expected = [alone.submit(p, s).tokens for p, s in zip(PROMPTS, sampling, strict=True)]
+    forwards = {}
+    for max_hold in (0, 8):
+        pool = ServingPool(models, "sd", {"k": 3}, batching=True)
+        assert pool.batcher is not None
+        pool.batcher.max_hold = max_hold
+        calls: list[int] = []
+        observe_forwards(target.model, lambda tokens, seconds, calls=calls: calls.append(tokens))
+        try:
+            assert run_concurrently(pool, sampling) == expected
+        finally:
+            observe_forwards(target.model, None)
+        forwards[max_hold] = len(calls)
+        assert (pool.batcher.aligned_holds > 0) == (max_hold > 0)
+    assert forwards[8] < forwards[0]

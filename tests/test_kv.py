@@ -3,6 +3,8 @@ growth keeps what was written, and non-Llama layouts fall back to transformers' 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -111,35 +113,45 @@ def test_rows_join_and_leave_a_position_layer_like_concatenation():
     assert layer.get_seq_length() == 8
 
 
+@pytest.mark.parametrize("inference", [True, False])
 @pytest.mark.parametrize("position", [True, False])
-def test_a_leaving_row_is_replaced_by_the_last_and_its_storage_reused(position):
+def test_a_leaving_row_is_replaced_by_the_last_and_its_storage_reused(position, inference):
     """remove_layer_row(b) = the rows in order 0..B-2 with the last at b, on position layers and
-    transformers' own; a position layer then takes the next joining row into the freed storage
-    without reallocating."""
+    transformers' own; a position layer then takes joining rows into freed or spare storage
+    without reallocating (also in inference mode, where views do not know their base), and grows
+    keeping every row once its spare rows are used up."""
     from transformers.cache_utils import DynamicLayer
 
     from relaxspec.engine.kv import append_layer_row, remove_layer_row
 
-    gen = torch.Generator().manual_seed(1)
-    k, v = torch.randn(4, 2, 6, 3, generator=gen), torch.randn(4, 2, 6, 3, generator=gen)
-    layer = PositionLayer(max_length=64) if position else DynamicLayer()
-    layer.update(k, v)
-    remove_layer_row(layer, 1)
-    assert torch.equal(layer.keys, k[[0, 3, 2]]) and torch.equal(layer.values, v[[0, 3, 2]])
-    remove_layer_row(layer, 2)  # the last row: nothing moves
-    assert torch.equal(layer.keys, k[[0, 3]])
-    if not position:
-        return
-    storage = layer._keys.untyped_storage().data_ptr()
-    new_k, new_v = torch.randn(1, 2, 4, 3, generator=gen), torch.randn(1, 2, 4, 3, generator=gen)
-    append_layer_row(layer, new_k, new_v)
-    assert layer._keys.untyped_storage().data_ptr() == storage  # the freed row, no new buffer
-    want = torch.cat([k[[0, 3]], torch.nn.functional.pad(new_k, (0, 0, 2, 0))])
-    assert torch.equal(layer.keys, want)
-    step = torch.randn(3, 2, 1, 3, generator=gen)
-    keys, _ = layer.update(step, step)
-    assert torch.equal(keys, torch.cat([want, step], dim=2))
-    append_layer_row(layer, new_k, new_v)  # no spare row left: grows, keeping every row
-    assert torch.equal(layer.keys[:3], torch.cat([want, step], dim=2)) and layer.keys.shape[0] == 4
-    with pytest.raises(IndexError):
-        remove_layer_row(layer, 4)
+    mode = torch.inference_mode() if inference else contextlib.nullcontext()
+    with mode:
+        gen = torch.Generator().manual_seed(1)
+        k, v = torch.randn(4, 2, 6, 3, generator=gen), torch.randn(4, 2, 6, 3, generator=gen)
+        layer = PositionLayer(max_length=64) if position else DynamicLayer()
+        layer.update(k, v)
+        remove_layer_row(layer, 1)
+        assert torch.equal(layer.keys, k[[0, 3, 2]]) and torch.equal(layer.values, v[[0, 3, 2]])
+        remove_layer_row(layer, 2)  # the last row: nothing moves
+        assert torch.equal(layer.keys, k[[0, 3]])
+        if not position:
+            return
+        storage = layer._keys.untyped_storage().data_ptr()
+        new_k, new_v = torch.randn(1, 2, 4, 3, generator=gen), torch.randn(1, 2, 4, 3, generator=gen)
+        append_layer_row(layer, new_k, new_v)
+        assert layer._keys.untyped_storage().data_ptr() == storage  # the freed row, no new buffer
+        want = torch.cat([k[[0, 3]], torch.nn.functional.pad(new_k, (0, 0, 2, 0))])
+        assert torch.equal(layer.keys, want)
+        step = torch.randn(3, 2, 1, 3, generator=gen)
+        keys, _ = layer.update(step, step)
+        assert torch.equal(keys, torch.cat([want, step], dim=2))
+        joined = torch.nn.functional.pad(new_k, (0, 0, 3, 0))
+        for rows in (4, 5, 6):  # 4 rows were allocated with 2 to spare: rows 4-6 reuse storage
+            append_layer_row(layer, new_k, new_v)
+            assert layer._keys.untyped_storage().data_ptr() == storage and layer.keys.shape[0] == rows
+        append_layer_row(layer, new_k, new_v)  # no spare row left: grows, keeping every row
+        assert layer._keys.untyped_storage().data_ptr() != storage and layer.keys.shape[0] == 7
+        assert torch.equal(layer.keys[:3], torch.cat([want, step], dim=2))
+        assert all(torch.equal(layer.keys[b : b + 1], joined) for b in range(3, 7))
+        with pytest.raises(IndexError):
+            remove_layer_row(layer, 7)

@@ -36,11 +36,22 @@ from relaxspec.errors import RelaxSpecError
 INITIAL_CAPACITY = 256
 
 
+def _rows_buffer(like: torch.Tensor, rows: int, heads: int, capacity: int, head_dim: int) -> torch.Tensor:
+    """An uninitialised ``[rows + rows // 2, heads, capacity, head_dim]`` buffer: in a batched
+    cache rows join after others left or after a reshape (holes compacted, capacity grown), and a
+    spare row takes a joining one without copying the others (a 16-row, 300-slot target cache is
+    ~150 MB to copy). One row (a request decoded alone) gets no spare."""
+    return like.new_empty(rows + rows // 2, heads, capacity, head_dim)
+
+
 class PositionLayer(DynamicLayer):
     """One attention layer's KV, ``[B, heads, capacity, head_dim]`` buffers written by position.
 
     ``keys``/``values`` are views of the first ``length`` positions (what attention reads and
     what transformers' mask sizes come from); :meth:`set_length` rolls back without copying.
+    ``_keys``/``_values`` are the first B rows of ``_key_rows``/``_value_rows``, allocations with
+    spare rows for batch rows that join later (views cannot tell their storage's size in
+    inference mode, so the full buffers are kept).
     """
 
     def __init__(self, max_length: int) -> None:
@@ -49,19 +60,28 @@ class PositionLayer(DynamicLayer):
         self.length = 0
         self._keys: torch.Tensor | None = None
         self._values: torch.Tensor | None = None
+        self._key_rows: torch.Tensor | None = None
+        self._value_rows: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         self._grow(key_states, value_states, min(INITIAL_CAPACITY, self.max_length))
 
+    def _allocate(self, like: torch.Tensor, rows: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh full buffers for ``rows`` live rows; returns the live views ``(keys, values)``."""
+        _, H, _, D = like.shape
+        self._key_rows = _rows_buffer(like, rows, H, capacity, D)
+        self._value_rows = _rows_buffer(like, rows, H, capacity, D)
+        return self._key_rows[:rows], self._value_rows[:rows]
+
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
         # Slots at or beyond ``length`` are never read (attention sees the first ``length``), so
         # the buffers need no zero fill: every slot is written before the length covers it.
-        B, H, _, D = key_states.shape
-        keys, values = key_states.new_empty(B, H, capacity, D), value_states.new_empty(B, H, capacity, D)
-        if self._keys is not None:
-            keys[:, :, : self.length] = self._keys[:, :, : self.length]
-            values[:, :, : self.length] = self._values[:, :, : self.length]
+        old_keys, old_values = self._keys, self._values
+        keys, values = self._allocate(key_states, key_states.shape[0], capacity)
+        if old_keys is not None:
+            keys[:, :, : self.length] = old_keys[:, :, : self.length]
+            values[:, :, : self.length] = old_values[:, :, : self.length]
         self._keys, self._values = keys, values
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -105,21 +125,21 @@ class PositionLayer(DynamicLayer):
         """Add a batch row holding ``keys``/``values`` ``[1, heads, n, head_dim]`` (n ≤ length) in
         its last n slots; its first ``length − n`` slots are holes (zeros).
 
-        Written into a spare row of the buffers where a removed row left one (no copy of the
-        others); else the buffers grow by half their rows, copying only the live slots."""
-        B, H, capacity, D = self._keys.shape
+        Written into a spare row of the buffers where there is one (no copy of the others); else
+        new buffers with spare rows are allocated, copying only the live slots."""
+        B, _, capacity, _ = self._keys.shape
         T, n = self.length, keys.shape[2]
-        for name, new in (("_keys", keys), ("_values", values)):
-            old = getattr(self, name)
-            base = old if old._base is None else old._base
-            if base.shape[0] > B and base.shape[1:] == old.shape[1:]:  # a spare row: old = base[:B]
-                grown = base[: B + 1]
-            else:
-                grown = old.new_empty(B + 1 + B // 2, H, capacity, D)[: B + 1]
-                grown[:B, :, :T] = old[:, :, :T]
+        if self._key_rows.shape[0] > B:
+            grown_keys, grown_values = self._key_rows[: B + 1], self._value_rows[: B + 1]
+        else:
+            old_keys, old_values = self._keys, self._values
+            grown_keys, grown_values = self._allocate(old_keys, B + 1, capacity)
+            grown_keys[:B, :, :T] = old_keys[:, :, :T]
+            grown_values[:B, :, :T] = old_values[:, :, :T]
+        for grown, new in ((grown_keys, keys), (grown_values, values)):
             grown[B, :, : T - n] = 0
             grown[B, :, T - n : T] = new[0]
-            setattr(self, name, grown)
+        self._keys, self._values = grown_keys, grown_values
         self.set_length(T)
 
     def remove_row(self, b: int) -> None:
@@ -138,11 +158,11 @@ class PositionLayer(DynamicLayer):
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep the batch rows ``index`` (in that order); copies only the live slots."""
         T = self.length
-        for name in ("_keys", "_values"):
-            old = getattr(self, name)
-            kept = old.new_empty(len(index), *old.shape[1:])
-            kept[:, :, :T] = old[index, :, :T]
-            setattr(self, name, kept)
+        old_keys, old_values = self._keys, self._values
+        keys, values = self._allocate(old_keys, len(index), old_keys.shape[2])
+        keys[:, :, :T] = old_keys[index, :, :T]
+        values[:, :, :T] = old_values[index, :, :T]
+        self._keys, self._values = keys, values
         self.set_length(T)
 
 
