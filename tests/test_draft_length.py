@@ -439,3 +439,18 @@ def test_drafting_that_lost_at_a_smaller_batch_is_not_tried_at_a_larger_one():
     assert won.choose(4) > 0
     rows["n"] = 8
     assert won.choose(4) > 0  # where drafting won at two rows, eight rows try it
+
+
+@pytest.mark.parametrize("ratio,drafts", [(1.02, False), (1.2, True)])
+def test_a_measured_drafting_cell_must_beat_ar_by_the_margin(ratio, drafts):
+    """Measured windows scatter by ~10 % under request churn: a drafting cell measured within
+    ``draft_margin`` of AR's goodput does not displace AR, one clearly above it does."""
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 2, probe_interval=1e9, probe_window=0.0,
+        decision_seconds=0.0, settle_seconds=0.0, draft_margin=0.05,
+    )  # fmt: skip
+    with_ar_baseline(policy, 2, 8)
+    ar = policy.windows.goodput(rows_bucket(2), 0)
+    for k in range(1, 5):
+        policy.windows.add(rows_bucket(2), k, tokens=ratio * ar, row_seconds=1.0)
+    assert (policy.choose(4) > 0) == drafts

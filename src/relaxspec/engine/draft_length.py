@@ -311,7 +311,7 @@ class WindowRates:
     the window it falls in, and only that window.
     """
 
-    decay: float = 0.7  # weight of a cell's earlier windows when a new one is added
+    decay: float = 0.85  # weight of a cell's earlier windows when a new one is added
     min_row_seconds: float = 0.05  # shorter windows (and windows without tokens) are dropped
     cells: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -366,6 +366,7 @@ class GoodputDraftLength:
     probe_window: float = 0.5  # seconds a probe lasts
     max_probe_backoff: float = 32.0  # a probe that confirms the side doubles the interval, up to this
     settle_seconds: float = 0.2  # cycles ending this soon after a change of K are not measured
+    draft_margin: float = 0.05  # a measured drafting cell must beat AR's goodput by this much
     clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
@@ -419,6 +420,8 @@ class GoodputDraftLength:
             k = 0  # measure the AR baseline of this batch size first: the others are compared to it
         elif k > 0 and self._lost_at_a_smaller_batch(bucket):
             k = 0
+        elif k > 0 and self.windows.measured(bucket, k) and goodput[k] < (1 + self.draft_margin) * goodput[0]:
+            k = 0  # measured, but not clearly better than AR: windows scatter by ~10 % under churn
         if now < self._probe_until and bucket != self._probe_bucket:
             self._probe_until, self._probed = float("-inf"), False  # cut short: measured nothing
         if now < self._probe_until:
