@@ -418,10 +418,10 @@ class GoodputDraftLength:
         best_drafting = 1 + int(np.argmax(goodput[1:]))
         if not self.windows.measured(bucket, 0):
             k = 0  # measure the AR baseline of this batch size first: the others are compared to it
-        elif k > 0 and self._lost_at_a_smaller_batch(bucket):
+        elif k > 0 and goodput[k] < (1 + self.draft_margin) * goodput[0] and self._evidence(bucket, k):
+            # not clearly better than AR: measured windows scatter by ~10 % under request churn,
+            # and a gain capped by a smaller batch's (_goodputs) is not worth a switch
             k = 0
-        elif k > 0 and self.windows.measured(bucket, k) and goodput[k] < (1 + self.draft_margin) * goodput[0]:
-            k = 0  # measured, but not clearly better than AR: windows scatter by ~10 % under churn
         if now < self._probe_until and bucket != self._probe_bucket:
             self._probe_until, self._probed = float("-inf"), False  # cut short: measured nothing
         if now < self._probe_until:
@@ -461,7 +461,15 @@ class GoodputDraftLength:
             lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
         )
         measured = [self.windows.goodput(bucket, k) for k in range(self.k_max + 1)]
-        return [p if m is None else m for m, p in zip(measured, predicted, strict=True)]
+        goodput = [p if m is None else m for m, p in zip(measured, predicted, strict=True)]
+        # Speculation gains less the more rows share a step (a verify grows with B·(K + 1)
+        # tokens, the tokens a row gains do not): drafting here is credited with at most the
+        # advantage it measured in a smaller batch. Windows at a large batch are few and
+        # scatter; this keeps a noisy one from making the policy draft where it loses.
+        advantage = self._smaller_batch_advantage(bucket)
+        if advantage is not None:
+            goodput[1:] = [min(g, advantage * goodput[0]) for g in goodput[1:]]
+        return goodput
 
     def _close_window(self, now: float) -> None:
         """Record the window of the decision that ends now (caller holds the lock)."""
@@ -482,20 +490,22 @@ class GoodputDraftLength:
             w.row_seconds += rows * (now - w.last)
             w.last = now
 
-    def _lost_at_a_smaller_batch(self, bucket: int) -> bool:
-        """No drafting cycle measured at this batch size, and drafting lost at the nearest smaller
-        one: speculation gains less the more rows share a step (a verify grows with B·(K + 1)
-        tokens, the tokens a row gains do not), so it is not tried here before the regular probe."""
-        if any(self.windows.measured(bucket, d) for d in range(1, self.k_max + 1)):
-            return False
+    def _evidence(self, bucket: int, k: int) -> bool:
+        """Whether drafting at K in this bucket rests on measurements (its own windows, or a
+        smaller batch's advantage) rather than on the forwards' prediction alone."""
+        return self.windows.measured(bucket, k) or self._smaller_batch_advantage(bucket) is not None
+
+    def _smaller_batch_advantage(self, bucket: int) -> float | None:
+        """The best measured drafting goodput over AR goodput in the nearest smaller batch-size
+        bucket where both were measured (None: no such bucket)."""
         for smaller in range(bucket - 1, -1, -1):
             ar = self.windows.goodput(smaller, 0)
             drafted = [
                 g for d in range(1, self.k_max + 1) if (g := self.windows.goodput(smaller, d)) is not None
             ]
             if ar is not None and drafted:
-                return max(drafted) <= ar
-        return False
+                return max(drafted) / ar
+        return None
 
     def _start_probe(self, k: int, bucket: int, now: float) -> None:
         self._probe_k, self._probe_bucket = k, bucket
