@@ -465,6 +465,7 @@ def test_drafting_is_credited_with_at_most_a_smaller_batchs_advantage():
     """Drafting measured 1.1x AR at two rows and, in a noisy window, 1.3x at eight: at eight rows
     it is credited with 1.1x and still drafts (above the 5 % margin); measured 1.02x at two rows,
     the 1.3x window at eight does not make it draft."""
+
     def policy_for(small_ratio: float) -> GoodputDraftLength:
         rows = {"n": 2}
         policy = GoodputDraftLength(
