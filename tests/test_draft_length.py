@@ -484,3 +484,25 @@ def test_drafting_is_credited_with_at_most_a_smaller_batchs_advantage():
     assert policy_for(1.02).choose(4) == 0
     goodput = policy_for(1.02)._goodputs(8, rows_bucket(8))
     assert max(goodput[1:]) == pytest.approx(1.02 * goodput[0])
+
+
+def test_the_advantage_carried_to_larger_batches_follows_its_measured_trend():
+    """Drafting measured 1.3x AR at two rows and 1.1x at eight: at 32 rows (two doublings past
+    eight, as many as from two to eight) it is credited with 1.1 * (1.1 / 1.3) = 0.93x, so a
+    1.2x window there does not make it draft; where the trend is flat the last value holds."""
+    rows = {"n": 2}
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9, probe_window=0.0,
+        decision_seconds=0.0, settle_seconds=0.0,
+    )  # fmt: skip
+    for n, ratio in ((2, 1.3), (8, 1.1), (32, 1.2)):
+        with_ar_baseline(policy, n, 8)
+        ar = policy.windows.goodput(rows_bucket(n), 0)
+        for k in range(1, 5):
+            policy.windows.add(rows_bucket(n), k, tokens=ratio * ar, row_seconds=1.0)
+    assert policy._smaller_batch_advantage(rows_bucket(32)) == pytest.approx(1.1 * 1.1 / 1.3)
+    rows["n"] = 32
+    assert policy.choose(4) == 0
+    rows["n"] = 8
+    assert policy.choose(4) > 0
+    assert policy._smaller_batch_advantage(rows_bucket(8)) == pytest.approx(1.3)  # one bucket measured below

@@ -495,17 +495,27 @@ class GoodputDraftLength:
         smaller batch's advantage) rather than on the forwards' prediction alone."""
         return self.windows.measured(bucket, k) or self._smaller_batch_advantage(bucket) is not None
 
+    def _advantage(self, bucket: int) -> float | None:
+        """Best measured drafting goodput over measured AR goodput in ``bucket`` (None: unmeasured)."""
+        ar = self.windows.goodput(bucket, 0)
+        drafted = [g for d in range(1, self.k_max + 1) if (g := self.windows.goodput(bucket, d)) is not None]
+        return max(drafted) / ar if ar is not None and drafted else None
+
     def _smaller_batch_advantage(self, bucket: int) -> float | None:
-        """The best measured drafting goodput over AR goodput in the nearest smaller batch-size
-        bucket where both were measured (None: no such bucket)."""
-        for smaller in range(bucket - 1, -1, -1):
-            ar = self.windows.goodput(smaller, 0)
-            drafted = [
-                g for d in range(1, self.k_max + 1) if (g := self.windows.goodput(smaller, d)) is not None
-            ]
-            if ar is not None and drafted:
-                return max(drafted) / ar
-        return None
+        """The most drafting may gain here, from smaller batches (None: none measured).
+
+        The advantage measured in the nearest smaller bucket, carried on along its measured trend:
+        where the next smaller measured bucket had a larger advantage, it shrinks by the same
+        factor per doubling of rows (measured load test: 1.8×, 1.6×, 1.3×, 1.2×, 1.0×, 0.9× AR at
+        1–32 rows with a fixed K)."""
+        measured = [(b, a) for b in range(bucket - 1, -1, -1) if (a := self._advantage(b)) is not None]
+        if not measured:
+            return None
+        (b1, a1), rest = measured[0], measured[1:]
+        if rest and rest[0][1] > a1:
+            b2, a2 = rest[0]
+            return a1 * (a1 / a2) ** ((bucket - b1) / (b1 - b2))
+        return a1
 
     def _start_probe(self, k: int, bucket: int, now: float) -> None:
         self._probe_k, self._probe_bucket = k, bucket
