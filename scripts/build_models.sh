@@ -11,17 +11,25 @@ done_() { [ -f "$1/model.safetensors" ] || [ -f "$1/survival.safetensors" ]; }
 relaxspec data build --out data/corpus                                  # ~1 min
 [ -f models/tokenizer/tokenizer.json ] || relaxspec train tokenizer --corpus data/corpus --out models/tokenizer
 
-# 1. target (~19M): pre-training on math + stdlib code (~3 h), then two fine-tunes that bring in
-#    the synthetic code tasks and broadened math (~75 min), then the compositional code pipelines
-#    and math phrasing styles (~105 min). Intermediate stages live in runs/ (not bundled).
+# 1. target (~19M): pre-training on math + stdlib code (~3 h), then fine-tunes that bring in the
+#    synthetic code tasks and broadened math (~75 min), the compositional code pipelines and math
+#    phrasing styles (~105 min), then two stages weighted toward the phrasing styles (~63 + 24 min).
+#    Intermediate stages live in runs/ (not bundled).
 done_ runs/target-base/export || relaxspec train ar --config target --steps 2000 \
     --run-dir runs/target-base --export runs/target-base/export
 done_ runs/target-ft/export || relaxspec train ar --config target --init runs/target-base/export \
     --mixture math=0.25,code=0.15,synthcode=0.35,math_broad=0.25 --steps 400 --set lr=3e-4 --set warmup=30 \
     --run-dir runs/target-ft --export runs/target-ft/export
-done_ models/target || relaxspec train ar --config target --init runs/target-ft/export \
+done_ runs/target-ft2/export || relaxspec train ar --config target --init runs/target-ft/export \
     --mixture synthpipes=0.35,math_styles=0.35,synthcode=0.1,math=0.1,code=0.1 --steps 850 \
-    --set lr=3e-4 --set warmup=30 --run-dir runs/target-ft2 --export models/target
+    --set lr=3e-4 --set warmup=30 --run-dir runs/target-ft2 --export runs/target-ft2/export
+STYLES=math_styles=0.6,synthpipes=0.15,synthcode=0.05,math=0.1,code=0.1
+done_ runs/target-ft3/export || relaxspec train ar --config target --init runs/target-ft2/export \
+    --mixture "$STYLES" --steps 1100 --set lr=3e-4 --set warmup=30 \
+    --run-dir runs/target-ft3 --export runs/target-ft3/export
+done_ models/target || relaxspec train ar --config target --init runs/target-ft3/export \
+    --mixture "$STYLES" --steps 400 --set lr=1.5e-4 --set warmup=10 --set seed=1 \
+    --run-dir runs/target-ft4 --export models/target
 
 # 2. draft (1 layer, 256-d): pre-training (~11 min), then distilled into the target (DistillSpec):
 #    the teacher continues training-split prompts of every source greedily (~10 min), then
@@ -35,6 +43,8 @@ done_ models/draft || {
       --run-dir runs/distill/run --steps 300 --export models/draft
 }
 
+# Steps 3-5 start from the target; the bundled block, diffusion and survival files were built from
+# fine-tune 2 (runs/target-ft2/export), before fine-tunes 3-4 (docs/models.md).
 # 3. MARS block proposer for ProVe, fine-tuned from the target with 32-token blocks so that the
 #    8/16/24/32 block-size sweep stays in the trained range (methods default to 8); ~35 min
 MIX=math=0.3,code=0.2,synthcode=0.1,synthpipes=0.2,math_styles=0.2
