@@ -32,6 +32,8 @@ done_ models/target || relaxspec train ar --config target --init runs/target-ft3
     --run-dir runs/target-ft4 --export models/target
 
 # 2. draft (1 layer, 256-d): pre-training (~11 min), then distilled into the target (DistillSpec):
+#    (the bundled draft was distilled into each bundled target in turn, the last time from the
+#    previous bundled draft into fine-tune 4: `--student models/draft --teacher runs/target-ft4/export`)
 #    the teacher continues training-split prompts of every source greedily (~10 min), then
 #    forward KL on those rows (300 steps, ~17 min)
 done_ runs/draft-base/export || relaxspec train ar --config draft --mixture math=0.6,code=0.4 \
