@@ -507,3 +507,29 @@ def test_the_advantage_carried_to_larger_batches_follows_its_measured_trend():
     rows["n"] = 8
     assert policy.choose(4) > 0
     assert policy._smaller_batch_advantage(rows_bucket(8)) == pytest.approx(1.3)  # one bucket measured below
+
+
+def test_no_probe_where_smaller_batches_credit_drafting_below_the_margin():
+    """At AR in a batch size where the smaller ones' measured advantage carries under the margin,
+    a probe could not change the choice: the policy does not probe; where it carries above, it does."""
+
+    def probes(small_ratio: float) -> bool:
+        rows, now = {"n": 2}, {"t": 0.0}
+        policy = GoodputDraftLength(
+            CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1.0, probe_window=0.5,
+            decision_seconds=0.25, settle_seconds=0.0, clock=lambda: now["t"],
+        )  # fmt: skip
+        with_ar_baseline(policy, 2, 8)
+        ar = policy.windows.goodput(rows_bucket(2), 0)
+        for k in range(1, 5):
+            policy.windows.add(rows_bucket(2), k, tokens=small_ratio * ar, row_seconds=1.0)
+        rows["n"] = 8
+        with_ar_baseline(policy, 8, 8)
+        picks = []
+        for _ in range(40):  # 10 s of choices every 0.25 s
+            picks.append(policy.choose(4))
+            now["t"] += 0.25
+        return any(picks)
+
+    assert not probes(1.02)
+    assert probes(1.3)

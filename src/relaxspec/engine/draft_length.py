@@ -438,7 +438,9 @@ class GoodputDraftLength:
                 self._start_probe(k, bucket, now)
             elif drafting != self._drafting or self._side_since is None:  # a new side: base interval
                 self._drafting, self._side_since, self._probe_backoff = drafting, now, 1.0
-            elif now - self._side_since >= self.probe_interval * self._probe_backoff:
+            elif now - self._side_since >= self.probe_interval * self._probe_backoff and (
+                drafting or self._may_pay(bucket)
+            ):
                 # try the other side for a window: at AR, α and the K > 0 costs stay measured;
                 # while drafting, the AR baseline stays measured under today's load (measured
                 # first, while a batch fills, it can look slower than it is in steady state)
@@ -489,6 +491,13 @@ class GoodputDraftLength:
             w.tokens += n
             w.row_seconds += rows * (now - w.last)
             w.last = now
+
+    def _may_pay(self, bucket: int) -> bool:
+        """Whether drafting could be chosen here at all: not where smaller batches credit it with
+        less than the margin over AR (_goodputs caps it there, so a probe could not change the
+        choice and would only cost a draft-cache catch-up of every row)."""
+        advantage = self._smaller_batch_advantage(bucket)
+        return advantage is None or advantage >= 1 + self.draft_margin
 
     def _evidence(self, bucket: int, k: int) -> bool:
         """Whether drafting at K in this bucket rests on measurements (its own windows, or a
