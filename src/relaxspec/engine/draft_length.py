@@ -413,14 +413,19 @@ class GoodputDraftLength:
         or batch-size bucket change): rows of a lockstep batch wait for the longest draft, so
         mixed choices would cost every row the largest K and blur the measured cycle costs."""
         self._close_window(now)
-        goodput = self._goodputs(rows, bucket)
+        advantage = self._smaller_batch_advantage(bucket)  # what smaller batches credit drafting with
+        goodput = self._goodputs(rows, bucket, advantage)
         k = int(np.argmax(goodput))
         best_drafting = 1 + int(np.argmax(goodput[1:]))
         if not self.windows.measured(bucket, 0):
             k = 0  # measure the AR baseline of this batch size first: the others are compared to it
-        elif k > 0 and goodput[k] < (1 + self.draft_margin) * goodput[0] and self._evidence(bucket, k):
-            # not clearly better than AR: measured windows scatter by ~10 % under request churn,
-            # and a gain capped by a smaller batch's (_goodputs) is not worth a switch
+        elif (
+            k > 0
+            and goodput[k] < (1 + self.draft_margin) * goodput[0]
+            and (self.windows.measured(bucket, k) or advantage is not None)
+        ):
+            # not clearly better than AR, and measured so (its own windows, or capped by a smaller
+            # batch's advantage in _goodputs): windows scatter by ~10 % under request churn
             k = 0
         if now < self._probe_until and bucket != self._probe_bucket:
             self._probe_until, self._probed = float("-inf"), False  # cut short: measured nothing
@@ -439,7 +444,9 @@ class GoodputDraftLength:
             elif drafting != self._drafting or self._side_since is None:  # a new side: base interval
                 self._drafting, self._side_since, self._probe_backoff = drafting, now, 1.0
             elif now - self._side_since >= self.probe_interval * self._probe_backoff and (
-                drafting or self._may_pay(bucket)
+                # no probe to drafting where smaller batches credit it under the margin: the cap
+                # in _goodputs makes it unable to change the choice, and it costs a catch-up
+                drafting or advantage is None or advantage >= 1 + self.draft_margin
             ):
                 # try the other side for a window: at AR, α and the K > 0 costs stay measured;
                 # while drafting, the AR baseline stays measured under today's load (measured
@@ -453,7 +460,7 @@ class GoodputDraftLength:
         self._window = _Window(start=now + self.settle_seconds if k != self._decision else now)
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
 
-    def _goodputs(self, rows: int, bucket: int) -> list[float]:
+    def _goodputs(self, rows: int, bucket: int, advantage: float | None = None) -> list[float]:
         """Tokens per row-second for K = 0 .. k_max in this bucket: measured over windows where
         there are some, else predicted from acceptance and the cycle costs (module doc)."""
         assert self.tracker is not None
@@ -468,7 +475,8 @@ class GoodputDraftLength:
         # tokens, the tokens a row gains do not): drafting here is credited with at most the
         # advantage it measured in a smaller batch. Windows at a large batch are few and
         # scatter; this keeps a noisy one from making the policy draft where it loses.
-        advantage = self._smaller_batch_advantage(bucket)
+        if advantage is None:
+            advantage = self._smaller_batch_advantage(bucket)
         if advantage is not None:
             goodput[1:] = [min(g, advantage * goodput[0]) for g in goodput[1:]]
         return goodput
@@ -491,18 +499,6 @@ class GoodputDraftLength:
             w.tokens += n
             w.row_seconds += rows * (now - w.last)
             w.last = now
-
-    def _may_pay(self, bucket: int) -> bool:
-        """Whether drafting could be chosen here at all: not where smaller batches credit it with
-        less than the margin over AR (_goodputs caps it there, so a probe could not change the
-        choice and would only cost a draft-cache catch-up of every row)."""
-        advantage = self._smaller_batch_advantage(bucket)
-        return advantage is None or advantage >= 1 + self.draft_margin
-
-    def _evidence(self, bucket: int, k: int) -> bool:
-        """Whether drafting at K in this bucket rests on measurements (its own windows, or a
-        smaller batch's advantage) rather than on the forwards' prediction alone."""
-        return self.windows.measured(bucket, k) or self._smaller_batch_advantage(bucket) is not None
 
     def _advantage(self, bucket: int) -> float | None:
         """Best measured drafting goodput over measured AR goodput in ``bucket`` (None: unmeasured)."""
