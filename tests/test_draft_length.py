@@ -108,7 +108,8 @@ def with_ar_baseline(policy: GoodputDraftLength, *rows: int) -> GoodputDraftLeng
     for n in rows:
         seconds = policy.predicted_seconds(n, 0)
         policy.cycles.observe(rows_bucket(n), 0, seconds, seconds)
-        policy.windows.add(rows_bucket(n), 0, tokens=1.0, row_seconds=seconds)  # 1 token per cycle
+        # 1 token per cycle, a second of evidence
+        policy.windows.add(rows_bucket(n), 0, tokens=1.0, row_seconds=seconds, seconds=1.0)
     return policy
 
 
@@ -317,7 +318,7 @@ def test_per_round_overhead_measured_at_ar_keeps_a_batch_at_ar():
         seconds = ar_factor * policy.predicted_seconds(8, 0)
         for _ in range(5):
             policy.observe_cycle(0, seconds)
-        policy.windows.add(rows_bucket(8), 0, tokens=8.0, row_seconds=8 * seconds)
+        policy.windows.add(rows_bucket(8), 0, tokens=8.0, row_seconds=8 * seconds, seconds=1.0)
         return policy
 
     heavy = policy_after_ar_cycles(3.0)
@@ -370,8 +371,9 @@ def test_probes_that_confirm_ar_back_off_and_a_probe_that_pays_resets_them():
 def test_cycles_right_after_a_change_of_k_are_not_measured():
     now = {"t": 0.0}
     policy = GoodputDraftLength(
-        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 1, decision_seconds=0.0, clock=lambda: now["t"]
-    )
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 1, decision_seconds=0.0, probe_window=0.5,
+        clock=lambda: now["t"],
+    )  # fmt: skip
     assert policy.choose(4) == 0  # the AR baseline first
     policy.observe_cycle(0, 1.0)  # no change yet: measured
     policy.observe_tokens(1)
@@ -426,7 +428,7 @@ def test_drafting_that_lost_at_a_smaller_batch_is_not_tried_at_a_larger_one():
         with_ar_baseline(policy, 2, 8)
         ar = policy.windows.goodput(rows_bucket(2), 0)
         for k in range(1, 5):  # every drafting cell at two rows measured at this ratio to AR
-            policy.windows.add(rows_bucket(2), k, tokens=drafting_goodput * ar, row_seconds=1.0)
+            policy.windows.add(rows_bucket(2), k, tokens=drafting_goodput * ar, row_seconds=1.0, seconds=1.0)
         return policy, rows
 
     lost, rows = policy_with_two_rows_measured(0.8)
@@ -457,7 +459,7 @@ def test_a_measured_drafting_cell_must_beat_ar_by_the_margin(ratio, drafts):
     with_ar_baseline(policy, 2, 8)
     ar = policy.windows.goodput(rows_bucket(2), 0)
     for k in range(1, 5):
-        policy.windows.add(rows_bucket(2), k, tokens=ratio * ar, row_seconds=1.0)
+        policy.windows.add(rows_bucket(2), k, tokens=ratio * ar, row_seconds=1.0, seconds=1.0)
     assert (policy.choose(4) > 0) == drafts
 
 
@@ -476,7 +478,7 @@ def test_drafting_is_credited_with_at_most_a_smaller_batchs_advantage():
             with_ar_baseline(policy, n, 8)
             ar = policy.windows.goodput(rows_bucket(n), 0)
             for k in range(1, 5):
-                policy.windows.add(rows_bucket(n), k, tokens=ratio * ar, row_seconds=1.0)
+                policy.windows.add(rows_bucket(n), k, tokens=ratio * ar, row_seconds=1.0, seconds=1.0)
         rows["n"] = 8
         return policy
 
@@ -500,7 +502,7 @@ def test_the_advantage_carried_to_larger_batches_follows_its_measured_trend():
         with_ar_baseline(policy, n, 8)
         ar = policy.windows.goodput(rows_bucket(n), 0)
         for k in range(1, 5):
-            policy.windows.add(rows_bucket(n), k, tokens=ratio * ar, row_seconds=1.0)
+            policy.windows.add(rows_bucket(n), k, tokens=ratio * ar, row_seconds=1.0, seconds=1.0)
     assert policy._smaller_batch_advantage(rows_bucket(32)) == pytest.approx(1.1 * (1.1 / 1.3) ** 0.5)
     rows["n"] = 32
     assert policy.choose(4) == 0
@@ -522,7 +524,7 @@ def test_no_probe_where_smaller_batches_credit_drafting_below_the_margin():
         with_ar_baseline(policy, 2, 8)
         ar = policy.windows.goodput(rows_bucket(2), 0)
         for k in range(1, 5):
-            policy.windows.add(rows_bucket(2), k, tokens=small_ratio * ar, row_seconds=1.0)
+            policy.windows.add(rows_bucket(2), k, tokens=small_ratio * ar, row_seconds=1.0, seconds=1.0)
         rows["n"] = 8
         with_ar_baseline(policy, 8, 8)
         picks = []
@@ -533,3 +535,45 @@ def test_no_probe_where_smaller_batches_credit_drafting_below_the_margin():
 
     assert not probes(1.02)
     assert probes(1.3)
+
+
+def test_a_short_drafting_window_does_not_outweigh_the_prediction():
+    """One short window that measured drafting at 1.8x AR (the kind of outlier a single K's cell
+    produced under churn) is not evidence enough: with the forwards predicting a loss the policy
+    stays at AR; once a second of windows at that ratio is behind the drafting side, it drafts."""
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 64, probe_interval=1e9, decision_seconds=0.0,
+        settle_seconds=0.0, min_evidence_seconds=0.5,
+    )  # fmt: skip
+    for _ in range(20):
+        policy.observe(4, 2)
+    with_ar_baseline(policy, 64)
+    goodput = policy._goodputs(64, rows_bucket(64))
+    assert max(goodput[1:]) < goodput[0]  # predicted: drafting loses at 64 rows
+    ar = policy.windows.goodput(rows_bucket(64), 0)
+    policy.windows.add(rows_bucket(64), 6, tokens=1.8 * ar * 64 * 0.1, row_seconds=64 * 0.1, seconds=0.1)
+    assert policy.choose(4) == 0
+    for k in (1, 2, 3):  # the drafting side pools its windows, whatever K they ran
+        policy.windows.add(rows_bucket(64), k, tokens=1.8 * ar * 64 * 0.3, row_seconds=64 * 0.3, seconds=0.3)
+    assert policy.windows.goodput(rows_bucket(64), 1) == pytest.approx(1.8 * ar)
+    assert policy.choose(4) > 0
+
+
+def test_prefill_pauses_are_not_counted_in_windows():
+    """The batch's prefills of joining rows cost the same at every K: a window's row-seconds
+    leave them out, so an AR window measured while a batch fills reads its steady-state goodput."""
+    now, paused = {"t": 0.0}, {"s": 0.0}
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 4, decision_seconds=1.0, settle_seconds=0.0,
+        clock=lambda: now["t"], paused=lambda: paused["s"],
+    )  # fmt: skip
+    assert policy.choose(4) == 0
+    for _ in range(10):  # 0.1 s per step, of which 0.04 s is a joining row's prefill
+        now["t"] += 0.1
+        paused["s"] += 0.04
+        for _ in range(4):
+            policy.observe_tokens(1)
+    now["t"] += 0.01
+    policy.choose(4)  # closes the window: 40 tokens over 4 rows x (10 x 0.06 + 0.01) s
+    assert policy.windows.goodput(rows_bucket(4), 0) == pytest.approx(40 / (4 * 0.61))
+    assert policy.windows.evidence(rows_bucket(4), 0) == pytest.approx(0.61)

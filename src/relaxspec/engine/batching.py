@@ -317,6 +317,7 @@ class Batcher:
     deferrals: int = 0  # times a generation in debt was held back for a step
     aligned_holds: int = 0  # requests held back a step for phase alignment
     retried_rows: int = 0  # rows re-run alone after a batched forward failed
+    prefill_seconds: float = 0.0  # wall time of joining rows' prefills (the batch waits through them)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _pending: list[_Request] = field(default_factory=list)
     _shared: dict[int, SharedCache] = field(default_factory=dict)
@@ -553,6 +554,13 @@ class Batcher:
 
     @torch.inference_mode()
     def _prefill(self, shared: SharedCache, req: _Request) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._prefill_row(shared, req)
+        finally:
+            self.prefill_seconds += time.perf_counter() - t0
+
+    def _prefill_row(self, shared: SharedCache, req: _Request) -> None:
         single = new_cache(req.row.model)
         n = req.tokens.shape[1]
         logits = model_logits(req.row.model, req.tokens, single)

@@ -23,6 +23,14 @@ per-round overhead measured in B's bucket (a lockstep round costs the same threa
 bookkeeping whether it runs a draft or a verify forward). Because ``K = 0`` is always a
 candidate, the policy only speculates where it expects more tokens per second than AR.
 
+What decides between AR and drafting is measured, not predicted, wherever there is evidence:
+committed tokens per row-second over whole decision windows (:class:`WindowRates`), one cell for
+AR and one for drafting per batch-size bucket (the prediction only picks *which* K drafts, and
+shapes the goodput over K), each used once ``min_evidence_seconds`` of windows are behind it,
+drafting only where it beats AR by ``draft_margin`` and by no more than smaller batches measured
+(:meth:`GoodputDraftLength._smaller_batch_advantage`). Time the batch spent prefilling joining
+rows is left out of the windows: it is the same at every K.
+
 One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
 so the rows of a lockstep batch draft alike. A policy that stays on one side sees only that
 side's costs: after ``probe_interval`` seconds at K = 0 it drafts anyway (its best K > 0) for a
@@ -300,37 +308,49 @@ class CycleCosts:
 
 @dataclass
 class WindowRates:
-    """Measured goodput per (batch-size bucket, K): committed tokens per row-second over whole
-    decision windows, pool-wide.
+    """Measured goodput per (batch-size bucket, side): committed tokens per row-second over whole
+    decision windows, pool-wide. The sides are AR (K = 0) and drafting (any K > 0, the K the
+    prediction picked at the time): comparing one drafting cell with AR, rather than the best of
+    ``k_max`` noisy cells, keeps the comparison free of the winner's curse (the largest of several
+    noisy ratios is biased high: measured, a K = 6 cell at 1.8x AR from one short window).
 
     A window is the time one decision (K for every row of a bucket) held, less its first
-    ``settle_seconds`` after a change of K. Its tokens are what every row committed in it, its
-    row-seconds ∫ rows dt; a cell keeps decayed sums of both over its windows, so its goodput is
-    a ratio of sums. Unlike per-cycle timings this needs no attribution of a lockstep round's wait
-    to a row: a round slowed by a joining row's prefill or by another row's longer draft slows
-    the window it falls in, and only that window.
+    ``settle_seconds`` after a change of K and less the time the batch spent prefilling joining
+    rows (that costs the same at every K; counted, it made the AR baseline measured while a batch
+    fills 20 % slower than AR runs). Its tokens are what every row committed in it, its
+    row-seconds ∫ rows dt; a cell keeps decayed sums of tokens, row-seconds and wall seconds over
+    its windows, so its goodput is a ratio of sums and its evidence the seconds behind it. Unlike
+    per-cycle timings this needs no attribution of a lockstep round's wait to a row.
     """
 
     decay: float = 0.85  # weight of a cell's earlier windows when a new one is added
     min_row_seconds: float = 0.05  # shorter windows (and windows without tokens) are dropped
-    cells: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    cells: dict[tuple[int, bool], tuple[float, float, float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, bucket: int, k: int, tokens: float, row_seconds: float) -> None:
+    def add(self, bucket: int, k: int, tokens: float, row_seconds: float, seconds: float) -> None:
+        """One window at draft length ``k``: ``tokens`` committed over ``row_seconds`` (∫ rows dt)
+        in ``seconds`` of wall time."""
         if not (row_seconds >= self.min_row_seconds) or not np.isfinite(row_seconds) or not tokens > 0:
             return  # too short, or no cycle ended in it: no evidence either way
         with self._lock:
-            old_tokens, old_seconds = self.cells.get((bucket, k), (0.0, 0.0))
-            self.cells[bucket, k] = (self.decay * old_tokens + tokens, self.decay * old_seconds + row_seconds)
+            old = self.cells.get((bucket, k > 0), (0.0, 0.0, 0.0))
+            new = (tokens, row_seconds, max(seconds, 0.0))
+            self.cells[bucket, k > 0] = tuple(self.decay * o + n for o, n in zip(old, new, strict=True))
 
     def measured(self, bucket: int, k: int) -> bool:
         with self._lock:
-            return (bucket, k) in self.cells
+            return (bucket, k > 0) in self.cells
+
+    def evidence(self, bucket: int, k: int) -> float:
+        """Decayed wall seconds of the windows behind the cell of ``k``'s side (0: none)."""
+        with self._lock:
+            return self.cells.get((bucket, k > 0), (0.0, 0.0, 0.0))[2]
 
     def goodput(self, bucket: int, k: int) -> float | None:
-        """Tokens per row-second of the cell (None: never measured)."""
+        """Tokens per row-second of ``k``'s side (None: never measured)."""
         with self._lock:
-            cell = self.cells.get((bucket, k))
+            cell = self.cells.get((bucket, k > 0))
         return None if cell is None else cell[0] / cell[1]
 
 
@@ -340,12 +360,23 @@ class _Window:
     and row-seconds integrated up to ``last``."""
 
     start: float
+    paused: float = 0.0  # the batch's paused seconds (prefills) counted up to ``last``
     last: float = field(init=False)
     tokens: float = 0.0
     row_seconds: float = 0.0
+    seconds: float = 0.0
 
     def __post_init__(self) -> None:
         self.last = self.start
+
+    def advance(self, now: float, rows: int, paused: float) -> None:
+        """Integrate ``rows`` from ``last`` to ``now``, less the batch's paused time since."""
+        if now > self.last >= self.start:
+            dt = max(0.0, now - self.last - max(0.0, paused - self.paused))
+            self.row_seconds += rows * dt
+            self.seconds += dt
+            self.last = now
+        self.paused = paused
 
 
 @dataclass
@@ -363,10 +394,12 @@ class GoodputDraftLength:
     rows: Callable[[], int] = lambda: 1
     decision_seconds: float = 2.0  # how long one choice of K holds for every row
     probe_interval: float = 10.0  # seconds at K = 0 before a probe
-    probe_window: float = 0.5  # seconds a probe lasts
+    probe_window: float = 0.8  # seconds a probe lasts (settling, then min_evidence_seconds)
     max_probe_backoff: float = 32.0  # a probe that confirms the side doubles the interval, up to this
     settle_seconds: float = 0.2  # cycles ending this soon after a change of K are not measured
-    draft_margin: float = 0.05  # a measured drafting cell must beat AR's goodput by this much
+    draft_margin: float = 0.05  # drafting must beat AR's goodput by this much
+    min_evidence_seconds: float = 0.5  # seconds of windows before a side's measured goodput is used
+    paused: Callable[[], float] = lambda: 0.0  # the batch's seconds on work every K pays alike (prefills)
     clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
@@ -415,18 +448,12 @@ class GoodputDraftLength:
         self._close_window(now)
         advantage = self._smaller_batch_advantage(bucket)  # what smaller batches credit drafting with
         goodput = self._goodputs(rows, bucket, advantage)
-        k = int(np.argmax(goodput))
         best_drafting = 1 + int(np.argmax(goodput[1:]))
-        if not self.windows.measured(bucket, 0):
-            k = 0  # measure the AR baseline of this batch size first: the others are compared to it
-        elif (
-            k > 0
-            and goodput[k] < (1 + self.draft_margin) * goodput[0]
-            and (self.windows.measured(bucket, k) or advantage is not None)
-        ):
-            # not clearly better than AR, and measured so (its own windows, or capped by a smaller
-            # batch's advantage in _goodputs): windows scatter by ~10 % under request churn
-            k = 0
+        # drafting must clearly beat AR: measured windows scatter by ~10 % under request churn,
+        # and a prediction is no better than its cost model
+        k = best_drafting if goodput[best_drafting] >= (1 + self.draft_margin) * goodput[0] else 0
+        if not self._established(bucket, 0):
+            k = 0  # measure the AR baseline of this batch size first: drafting is compared to it
         if now < self._probe_until and bucket != self._probe_bucket:
             self._probe_until, self._probed = float("-inf"), False  # cut short: measured nothing
         if now < self._probe_until:
@@ -437,9 +464,9 @@ class GoodputDraftLength:
                 self._probed, self._side_since = False, now
                 backoff = 2 * self._probe_backoff if drafting == self._drafting else 1.0
                 self._probe_backoff = min(backoff, self.max_probe_backoff)
-            if drafting and not self._drafting and not self.windows.measured(bucket, k):
-                # an unmeasured drafting cell is predicted to pay: try it for a probe window,
-                # not a whole decision; its measured cycles then decide
+            if drafting and not self._drafting and not self._established(bucket, k):
+                # drafting is predicted to pay but not measured here yet: try it for a probe
+                # window, not a whole decision; its measured windows then decide
                 self._start_probe(k, bucket, now)
             elif drafting != self._drafting or self._side_since is None:  # a new side: base interval
                 self._drafting, self._side_since, self._probe_backoff = drafting, now, 1.0
@@ -449,32 +476,46 @@ class GoodputDraftLength:
                 drafting or advantage is None or advantage >= 1 + self.draft_margin
             ):
                 # try the other side for a window: at AR, α and the K > 0 costs stay measured;
-                # while drafting, the AR baseline stays measured under today's load (measured
-                # first, while a batch fills, it can look slower than it is in steady state)
+                # while drafting, the AR baseline stays measured under today's load
                 k = 0 if drafting else best_drafting
                 self._start_probe(k, bucket, now)
         # a probe's decision holds only for the probe window (a running probe is this bucket's)
         held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
         if k != self._decision:
             self._changed_at = now
-        self._window = _Window(start=now + self.settle_seconds if k != self._decision else now)
+        start = now + self.settle_seconds if k != self._decision else now
+        self._window = _Window(start=start, paused=self.paused())
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
 
+    def _established(self, bucket: int, k: int) -> bool:
+        """Whether ``k``'s side of ``bucket`` has ``min_evidence_seconds`` of windows behind it."""
+        return self.windows.evidence(bucket, k) >= self.min_evidence_seconds
+
     def _goodputs(self, rows: int, bucket: int, advantage: float | None = None) -> list[float]:
-        """Tokens per row-second for K = 0 .. k_max in this bucket: measured over windows where
-        there are some, else predicted from acceptance and the cycle costs (module doc)."""
+        """Tokens per row-second for K = 0 .. k_max in this bucket (module doc).
+
+        The shape over K is predicted from acceptance and the cycle costs; the level of each side
+        is measured where its windows are established: AR's goodput is its windows', and the
+        drafting values are scaled so that the best of them equals the drafting windows'. Then
+        drafting is credited with at most the advantage measured at smaller batch sizes
+        (``advantage``; computed here if not given).
+        """
         assert self.tracker is not None
-        _, predicted = best_draft_length(
+        _, goodput = best_draft_length(
             self.tracker.rates(),
             self.k_max,
             lambda k: self.cycles.estimate(bucket, k, self.predicted_seconds(rows, k)),
         )
-        measured = [self.windows.goodput(bucket, k) for k in range(self.k_max + 1)]
-        goodput = [p if m is None else m for m, p in zip(measured, predicted, strict=True)]
+        predicted_ar = goodput[0]
+        if self._established(bucket, 0):
+            scale = self.windows.goodput(bucket, 0) / predicted_ar  # type: ignore[operator]
+            goodput = [g * scale for g in goodput]
+        if self._established(bucket, 1):
+            scale = self.windows.goodput(bucket, 1) / max(goodput[1:])  # type: ignore[operator]
+            goodput[1:] = [g * scale for g in goodput[1:]]
         # Speculation gains less the more rows share a step (a verify grows with B·(K + 1)
-        # tokens, the tokens a row gains do not): drafting here is credited with at most the
-        # advantage it measured in a smaller batch. Windows at a large batch are few and
-        # scatter; this keeps a noisy one from making the policy draft where it loses.
+        # tokens, the tokens a row gains do not). Windows at a large batch are few and scatter;
+        # the cap keeps a noisy one from making the policy draft where it loses.
         if advantage is None:
             advantage = self._smaller_batch_advantage(bucket)
         if advantage is not None:
@@ -484,10 +525,9 @@ class GoodputDraftLength:
     def _close_window(self, now: float) -> None:
         """Record the window of the decision that ends now (caller holds the lock)."""
         w = self._window
-        if now > w.last >= w.start:
-            w.row_seconds += max(1, self.rows()) * (now - w.last)
+        w.advance(now, max(1, self.rows()), self.paused())
         if self._decided_bucket >= 0:
-            self.windows.add(self._decided_bucket, self._decision, w.tokens, w.row_seconds)
+            self.windows.add(self._decided_bucket, self._decision, w.tokens, w.row_seconds, w.seconds)
 
     def observe_tokens(self, n: int) -> None:
         """Tokens one row committed in its cycle (counted in the current decision's window)."""
@@ -496,15 +536,14 @@ class GoodputDraftLength:
             now, w = self.clock(), self._window
             if now < w.start:
                 return
+            w.advance(now, rows, self.paused())
             w.tokens += n
-            w.row_seconds += rows * (now - w.last)
-            w.last = now
 
     def _advantage(self, bucket: int) -> float | None:
-        """Best measured drafting goodput over measured AR goodput in ``bucket`` (None: unmeasured)."""
-        ar = self.windows.goodput(bucket, 0)
-        drafted = [g for d in range(1, self.k_max + 1) if (g := self.windows.goodput(bucket, d)) is not None]
-        return max(drafted) / ar if ar is not None and drafted else None
+        """Drafting's measured goodput over AR's in ``bucket`` (None: either not established)."""
+        if not (self._established(bucket, 0) and self._established(bucket, 1)):
+            return None
+        return self.windows.goodput(bucket, 1) / self.windows.goodput(bucket, 0)  # type: ignore[operator]
 
     def _smaller_batch_advantage(self, bucket: int) -> float | None:
         """The most drafting may gain here, from smaller batches (None: none measured).

@@ -102,6 +102,9 @@ class ServingPool:
     def _rows_per_step(self) -> int:
         return max(1, self.batcher.active) if self.batcher is not None else 1
 
+    def _prefill_seconds(self) -> float:
+        return self.batcher.prefill_seconds if self.batcher is not None else 0.0
+
     def _costs(self, model: Any) -> LiveStepCosts:
         costs = self._step_costs.get(id(model))
         if costs is None:
@@ -124,6 +127,7 @@ class ServingPool:
                     draft_costs=self._costs(engine.proposer.lm.model),
                     k_max=engine.k,
                     rows=self._rows_per_step,
+                    paused=self._prefill_seconds,
                 )
         return policy
 
