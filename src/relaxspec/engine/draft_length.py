@@ -23,11 +23,13 @@ per-round overhead measured in B's bucket (a lockstep round costs the same threa
 bookkeeping whether it runs a draft or a verify forward). Because ``K = 0`` is always a
 candidate, the policy only speculates where it expects more tokens per second than AR.
 
-What decides between AR and drafting is measured, not predicted, wherever there is evidence:
+What decides between AR and drafting is measured, not predicted, as evidence comes in:
 committed tokens per row-second over whole decision windows (:class:`WindowRates`), one cell for
 AR and one for drafting per batch-size bucket (the prediction only picks *which* K drafts, and
-shapes the goodput over K), each used once ``min_evidence_seconds`` of windows are behind it,
-drafting only where it beats AR by ``draft_margin`` and by no more than smaller batches measured
+shapes the goodput over K). AR is measured first at each batch size; drafting's advantage over it
+is the windows' ratio blended with the predicted ratio by evidence (``prior_seconds`` for the
+prediction against the seconds of windows behind the measurement); drafting must beat AR by
+``draft_margin`` and is credited with no more than smaller batches measured
 (:meth:`GoodputDraftLength._smaller_batch_advantage`). Time the batch spent prefilling joining
 rows is left out of the windows: it is the same at every K.
 
@@ -384,8 +386,10 @@ class GoodputDraftLength:
     """Choose each cycle's draft length from the batch size and measured acceptance.
 
     ``rows()`` returns how many rows share a step now (the batcher's active generations; 1 for a
-    request decoded alone). One instance is shared by the requests of one method, so acceptance
-    is learned across them.
+    request decoded alone); ``paused()`` the seconds so far in which the rows did nothing that
+    depends on K (prefills of joining rows, and no request running at all), which no window
+    counts. One instance is shared by the requests of one method, so acceptance is learned across
+    them.
     """
 
     target_costs: Costs  # a StepCosts or LiveStepCosts
@@ -394,12 +398,13 @@ class GoodputDraftLength:
     rows: Callable[[], int] = lambda: 1
     decision_seconds: float = 2.0  # how long one choice of K holds for every row
     probe_interval: float = 10.0  # seconds at K = 0 before a probe
-    probe_window: float = 0.8  # seconds a probe lasts (settling, then min_evidence_seconds)
+    probe_window: float = 1.0  # seconds a probe lasts (settling, then evidence)
     max_probe_backoff: float = 32.0  # a probe that confirms the side doubles the interval, up to this
     settle_seconds: float = 0.2  # cycles ending this soon after a change of K are not measured
     draft_margin: float = 0.05  # drafting must beat AR's goodput by this much
-    min_evidence_seconds: float = 0.5  # seconds of windows before a side's measured goodput is used
-    paused: Callable[[], float] = lambda: 0.0  # the batch's seconds on work every K pays alike (prefills)
+    min_evidence_seconds: float = 0.5  # seconds of windows that establish a side (AR first; probes)
+    prior_seconds: float = 0.5  # weight of the predicted drafting advantage, in seconds of windows
+    paused: Callable[[], float] = lambda: 0.0  # seconds on work every K pays alike, or idle
     clock: Callable[[], float] = time.perf_counter
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
@@ -494,11 +499,10 @@ class GoodputDraftLength:
     def _goodputs(self, rows: int, bucket: int, advantage: float | None = None) -> list[float]:
         """Tokens per row-second for K = 0 .. k_max in this bucket (module doc).
 
-        The shape over K is predicted from acceptance and the cycle costs; the level of each side
-        is measured where its windows are established: AR's goodput is its windows', and the
-        drafting values are scaled so that the best of them equals the drafting windows'. Then
-        drafting is credited with at most the advantage measured at smaller batch sizes
-        (``advantage``; computed here if not given).
+        The shape over K is predicted from acceptance and the cycle costs. AR's level is its
+        windows' once established; drafting's advantage over AR blends the windows' ratio with the
+        predicted one, by evidence. Then drafting is credited with at most the advantage measured
+        at smaller batch sizes (``advantage``; computed here if not given).
         """
         assert self.tracker is not None
         _, goodput = best_draft_length(
@@ -510,9 +514,15 @@ class GoodputDraftLength:
         if self._established(bucket, 0):
             scale = self.windows.goodput(bucket, 0) / predicted_ar  # type: ignore[operator]
             goodput = [g * scale for g in goodput]
-        if self._established(bucket, 1):
-            scale = self.windows.goodput(bucket, 1) / max(goodput[1:])  # type: ignore[operator]
-            goodput[1:] = [g * scale for g in goodput[1:]]
+        seconds = self.windows.evidence(bucket, 1)
+        if seconds > 0 and self.windows.measured(bucket, 0):
+            # drafting's advantage over AR: the measured ratio and the predicted one, weighted by
+            # the seconds behind the measurement and ``prior_seconds`` (one short, noisy window
+            # neither makes nor breaks the case for drafting; a few seconds of windows decide)
+            measured = self.windows.goodput(bucket, 1) / self.windows.goodput(bucket, 0)  # type: ignore[operator]
+            predicted = max(goodput[1:]) / goodput[0]
+            ratio = (seconds * measured + self.prior_seconds * predicted) / (seconds + self.prior_seconds)
+            goodput[1:] = [g * ratio / predicted for g in goodput[1:]]
         # Speculation gains less the more rows share a step (a verify grows with B·(K + 1)
         # tokens, the tokens a row gains do not). Windows at a large batch are few and scatter;
         # the cap keeps a noisy one from making the policy draft where it loses.

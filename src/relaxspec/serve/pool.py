@@ -87,6 +87,7 @@ class ServingPool:
         self._lock = threading.Lock()
         self._waiting = 0
         self._active = 0
+        self._idle_seconds, self._idle_since = 0.0, time.perf_counter()  # for paused_seconds
         self.stats = PoolStats()
         self.batcher = Batcher() if batching else None
         self.adaptive_k = adaptive_k
@@ -102,8 +103,16 @@ class ServingPool:
     def _rows_per_step(self) -> int:
         return max(1, self.batcher.active) if self.batcher is not None else 1
 
-    def _prefill_seconds(self) -> float:
-        return self.batcher.prefill_seconds if self.batcher is not None else 0.0
+    def paused_seconds(self) -> float:
+        """Seconds so far in which running requests did nothing that depends on the draft length:
+        prefills of rows joining the batch, and time with no request running (the adaptive
+        policy's windows leave both out: an idle minute between two loads is not a minute of
+        zero tokens per second)."""
+        with self._lock:
+            idle = self._idle_seconds
+            if self._idle_since is not None:
+                idle += time.perf_counter() - self._idle_since
+        return idle + (self.batcher.prefill_seconds if self.batcher is not None else 0.0)
 
     def _costs(self, model: Any) -> LiveStepCosts:
         costs = self._step_costs.get(id(model))
@@ -127,7 +136,7 @@ class ServingPool:
                     draft_costs=self._costs(engine.proposer.lm.model),
                     k_max=engine.k,
                     rows=self._rows_per_step,
-                    paused=self._prefill_seconds,
+                    paused=self.paused_seconds,
                 )
         return policy
 
@@ -214,6 +223,9 @@ class ServingPool:
         with self._lock:
             self._waiting -= 1
             self._active += 1
+            if self._idle_since is not None:
+                self._idle_seconds += time.perf_counter() - self._idle_since
+                self._idle_since = None
         try:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
@@ -233,6 +245,8 @@ class ServingPool:
         finally:
             with self._lock:
                 self._active -= 1
+                if self._active == 0:
+                    self._idle_since = time.perf_counter()
             self._slots.release()
         with self._lock:
             s = self.stats
