@@ -65,6 +65,30 @@ def test_rows_pool_prompts_and_compare_with_ar_of_the_same_seed():
     assert pooled["sd"].seeds == [0, 1]
 
 
+def test_a_named_baseline_sets_speedups_and_paired_quality():
+    """``--baseline vllm-ar``: rows verified by the model that peer decodes are compared with it
+    (speedup and paired Δ quality), the baseline itself has speedup 1; an unknown name is refused
+    before anything runs."""
+    records = [
+        record("ar", "a", 10, 1.0),
+        record("vllm-ar", "a", 10, 2.0, model="block"),
+        record("prove-lossless", "a", 10, 0.5, block_size=8),
+    ]
+    for r, quality in zip(records, (1.0, 0.0, 0.0), strict=True):
+        r["quality"], r["metric"] = quality, "exact_match"
+    rows = {r.method: r for r in build_rows(records, baseline="vllm-ar")}
+    assert rows["prove-lossless"].speedup == pytest.approx(4.0)
+    assert rows["vllm-ar"].speedup == pytest.approx(1.0) and rows["ar"].speedup == pytest.approx(2.0)
+    paired = rows["prove-lossless"].paired
+    assert paired["baseline"] == "vllm-ar" and paired["quality"]["delta"] == 0.0
+    assert rows["vllm-ar"].paired is None
+    default = {r.method: r for r in build_rows(records)}
+    assert default["prove-lossless"].speedup == pytest.approx(2.0)
+    assert default["prove-lossless"].paired["quality"]["delta"] == -1.0
+    with pytest.raises(RelaxSpecError, match="--baseline 'vllm-sd' names no row"):
+        run_bench(BenchConfig(methods=["sd"], peers=[], baseline="vllm-sd", out="/nonexistent"))
+
+
 def test_agreement_with_greedy_ar():
     records = [record("ar", "a", 6, 1.0), record("sd", "a", 6, 1.0, k=4), record("nsd", "a", 4, 1.0, k=4)]
     records[2]["tokens"] = [0, 1, 9, 9]

@@ -685,6 +685,13 @@ def bench_cmd(
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
     engine: EngineOpt = "relaxspec",
     kernels: KernelsOpt = "auto",
+    baseline: Annotated[
+        str,
+        typer.Option(
+            help="the row speedup and paired Δ quality are measured against: a runner label or method "
+            "(e.g. vllm-ar for rows verified by the model that peer decodes)"
+        ),
+    ] = "ar",
 ) -> None:
     """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out.
 
@@ -720,6 +727,7 @@ def bench_cmd(
         command=shlex.join(["relaxspec", *sys.argv[1:]]),
         engine=engine,
         kernels=kernels,
+        baseline=baseline,
     )
     run_bench(config)
 

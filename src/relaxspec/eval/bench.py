@@ -51,6 +51,7 @@ from relaxspec.eval.results import (
     Cell,
     ResultsStore,
     build_rows,
+    display_labels,
     model_fingerprint,
     print_table,
     references,
@@ -85,6 +86,7 @@ class BenchConfig:
     command: str = ""  # the command line, recorded in the manifest
     engine: str = "relaxspec"  # "vllm": methods run inside vLLM with the plugin (DESIGN §8)
     kernels: str = "auto"  # our engine's forwards: engine/packed.py KERNELS
+    baseline: str = "ar"  # the row speedups and paired quality are measured against (label or method)
 
 
 def split_list(text: str) -> list[str]:
@@ -442,12 +444,23 @@ def reference_record(runner: Runner, dataset: str, ex: Example, max_new_tokens: 
     }
 
 
+def check_baseline(baseline: str, cells: Sequence[Cell]) -> None:
+    """``--baseline`` must name a row of the grid (a runner label as the table shows it, or a
+    method); ``ar`` is always there."""
+    names = set(display_labels(cells).values()) | {c.method for c in cells}
+    if baseline not in names:
+        raise RelaxSpecError(
+            f"--baseline {baseline!r} names no row of the grid; rows: {', '.join(sorted(names))}"
+        )
+
+
 def run_bench(config: BenchConfig) -> dict[str, Any]:
     """Run (or resume) the grid; write records, JSON, CSV and Markdown to ``config.out``.
 
     Returns ``{"rows": [...], "out": path}`` for the whole results directory.
     """
     cells = plan(config)
+    check_baseline(config.baseline, cells)
     examples = {d: load_examples(d, config.limit) for d in config.datasets}
     store = ResultsStore(config.out)
     paths = model_paths(cells, config.models)
@@ -521,7 +534,7 @@ def _run_grid(
                     store.append({**base, "cell": cell.to_dict(), "example": ex.id, **out})
                     progress.advance(task)
 
-    rows = build_rows(store.records, [c.key for c in cells])
+    rows = build_rows(store.records, [c.key for c in cells], baseline=config.baseline)
     write_outputs(store.out, rows, store.manifest)
     grid = {c.key for c in cells}
     print_table([r for r in rows if r.key in grid], title=_title(config))
@@ -529,7 +542,8 @@ def _run_grid(
 
 
 def _title(config: BenchConfig) -> str:
+    vs = "" if config.baseline == "ar" else f", speedup and Δ quality vs {config.baseline}"
     return (
         f"{', '.join(config.datasets)} x{config.limit}, T={config.temperature}, "
-        f"seeds={','.join(map(str, config.seeds))}, max_new_tokens={config.max_new_tokens}"
+        f"seeds={','.join(map(str, config.seeds))}, max_new_tokens={config.max_new_tokens}{vs}"
     )

@@ -117,11 +117,11 @@ def throughput(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def speedup(tokens_per_second: float, ar_tokens_per_second: float | None) -> float | None:
-    """Throughput relative to AR of the same run (None without an AR measurement)."""
-    if not ar_tokens_per_second:
+def speedup(tokens_per_second: float, base_tokens_per_second: float | None) -> float | None:
+    """Throughput relative to the baseline (AR) of the same run (None without one measured)."""
+    if not base_tokens_per_second:
         return None
-    return tokens_per_second / ar_tokens_per_second
+    return tokens_per_second / base_tokens_per_second
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -192,7 +192,7 @@ class Row:
     quality_ci: dict[str, Any] | None = None
     ar_identical_ci: dict[str, Any] | None = None
     ar_prefix_ci: dict[str, Any] | None = None
-    # vs the baseline row (ar, else sd) on common (dataset, example, seed):
+    # vs the baseline row (baseline_of: ar by default, else sd) on common (dataset, example, seed):
     # {"baseline": label, "n_pairs": n, "quality": Paired.to_dict | None, "ar_identical": ...}
     paired: dict[str, Any] | None = None
     diagnostics: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -325,14 +325,21 @@ def paired_figures(
     return out
 
 
-def baseline_of(row: Row, candidates: Sequence[Row]) -> Row | None:
-    """The row ``row`` is compared with: ``ar`` of the same dataset, seed and sampling settings,
-    else ``sd`` (same ``k`` where there is one), else None; a baseline has none itself."""
-    ar = [c for c in candidates if c.method == "ar"]
+def is_baseline(row: Row, baseline: str) -> bool:
+    """Whether ``row`` is the named baseline: its runner label, else its method."""
+    return row.label == baseline or row.method == baseline
+
+
+def baseline_of(row: Row, candidates: Sequence[Row], baseline: str = "ar") -> Row | None:
+    """The row ``row`` is compared with: the ``baseline`` row (a runner label or method, e.g.
+    ``vllm-ar`` for rows that verify with the model that peer decodes) of the same dataset, seed
+    and sampling settings; by default ``ar``, else ``sd`` (same ``k`` where there is one); None
+    where there is none, and for the baseline itself."""
+    named = [c for c in candidates if is_baseline(c, baseline)]
     sd = [c for c in candidates if c.method == "sd"]
-    if ar:
-        base = ar[0]
-    elif sd:
+    if named:
+        base = named[0]
+    elif baseline == "ar" and sd:
         base = next((c for c in sd if c.params.get("k") == row.params.get("k")), sd[0])
     else:
         return None
@@ -403,9 +410,13 @@ ALL_SEEDS = -1  # the seed of a row that pools every seed of its cell
 
 
 def build_rows(
-    records: Sequence[dict[str, Any]], order: Sequence[str] | None = None, combine_seeds: bool = False
+    records: Sequence[dict[str, Any]],
+    order: Sequence[str] | None = None,
+    combine_seeds: bool = False,
+    baseline: str = "ar",
 ) -> list[Row]:
-    """Rows of every cell in ``records`` (in ``order`` of cell keys first), with speedups vs ``ar``.
+    """Rows of every cell in ``records`` (in ``order`` of cell keys first), with speedups and
+    paired quality vs the ``baseline`` row (:func:`baseline_of`; default ``ar``).
 
     ``combine_seeds`` pools the records of all seeds of a cell into one row (seed ``ALL_SEEDS``):
     total tokens over total seconds again, never a mean of per-seed rates.
@@ -433,23 +444,26 @@ def build_rows(
     for row in rows:
         row.seeds = sorted(seeds[row.key])
         row.label = labels[row.key]
-    ar = {
-        (r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens): r.tokens_per_second
-        for r in rows
-        if r.method == "ar"
-    }
+
+    def group(r: Row) -> tuple:
+        return (r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens)
+
+    base: dict[tuple, float] = {}
+    for r in rows:
+        if is_baseline(r, baseline):
+            base.setdefault(group(r), r.tokens_per_second)
     for r in rows:
         if r.prompts:
-            r.speedup = speedup(
-                r.tokens_per_second,
-                ar.get((r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens)),
-            )
-    pair_rows(rows, {k: per_prompt(by_cell[k], ref(k)) for k in keys}, cells)
+            r.speedup = speedup(r.tokens_per_second, base.get(group(r)))
+    pair_rows(rows, {k: per_prompt(by_cell[k], ref(k)) for k in keys}, cells, baseline)
     return rows
 
 
 def pair_rows(
-    rows: Sequence[Row], outcomes: dict[str, dict[str, dict[Outcome, float]]], cells: dict[str, Cell]
+    rows: Sequence[Row],
+    outcomes: dict[str, dict[str, dict[Outcome, float]]],
+    cells: dict[str, Cell],
+    baseline: str = "ar",
 ) -> None:
     """Set every row's paired comparison with its :func:`baseline_of` (same dataset, seed and
     sampling settings, engine included), from the per-prompt ``outcomes`` of each cell key."""
@@ -459,7 +473,7 @@ def pair_rows(
         groups.setdefault(json.dumps([c.dataset, c.seed, c.sampling], sort_keys=True), []).append(r)
     for group in groups.values():
         for r in group:
-            base = baseline_of(r, group)
+            base = baseline_of(r, group, baseline)
             if base is not None and r.prompts:
                 r.paired = paired_figures(outcomes[r.key], outcomes[base.key], base.label)
 
