@@ -166,3 +166,21 @@ def test_phase_alignment_verifies_the_whole_batch_at_once(target, unrelated_draf
         forwards[max_hold] = len(calls)
         assert (pool.batcher.aligned_holds > 0) == (max_hold > 0)
     assert forwards[8] < forwards[0]
+
+
+def test_a_joining_draft_row_does_not_hold_the_target(target, unrelated_draft):
+    """A smaller model's prefill (a row joining) is no drafting phase: the target's pending
+    forwards run in the same step (holding them cost a lockstep round per join, ~5 % at 32 rows
+    decoding at K = 0); a forward of a draft row already in the batch holds them."""
+    from relaxspec.engine.batching import RowLM, _Request
+
+    batcher = Batcher()
+    verifier = RowLM(target.model, "verifier", batcher)
+    batcher._prefill(batcher._shared_for(target.model), _Request(verifier, torch.tensor([[3, 4, 5]]), 1))
+    decode = _Request(verifier, torch.tensor([[6]]), 1)
+    drafter = RowLM(unrelated_draft.model, "drafter", batcher)
+    joining = _Request(drafter, torch.tensor([[3, 4, 5]]), 1)
+    assert batcher._held_for_alignment([decode, joining]) == []
+    batcher._prefill(batcher._shared_for(unrelated_draft.model), joining)
+    drafting = _Request(drafter, torch.tensor([[6]]), 1)
+    assert batcher._held_for_alignment([decode, drafting]) == [decode]

@@ -437,13 +437,17 @@ class Batcher:
 
     # --- the step ---------------------------------------------------------------------------------
 
+    def _joining(self, req: _Request) -> bool:
+        """Whether ``req`` is a row's first forward (its prompt's prefill, before it joins)."""
+        assert req.row is not None
+        shared = self._shared.get(id(req.row.model))
+        return shared is None or req.row not in shared.rows
+
     def _costly(self, req: _Request) -> bool:
         if req.job is not None:
             return True
         assert req.row is not None and req.tokens is not None
-        shared = self._shared.get(id(req.row.model))
-        prefill = shared is None or req.row not in shared.rows
-        return not prefill and req.tokens.shape[1] > self.long_input
+        return not self._joining(req) and req.tokens.shape[1] > self.long_input
 
     def _maybe_run_locked(self) -> None:
         """Run a step once every active sequence is waiting on a forward (or a job).
@@ -506,8 +510,9 @@ class Batcher:
 
     def _held_for_alignment(self, requests: list[_Request]) -> list[_Request]:
         """The requests to hold this step (module doc, phase alignment): those for the strictly
-        largest model while rows of smaller models are pending, unless one of them was held
-        ``max_hold`` steps in a row."""
+        largest model while rows of smaller models are drafting (forwards of rows already in the
+        batch are pending; a joining row's prefill is not a drafting phase), unless one of them
+        was held ``max_hold`` steps in a row."""
         by_model: dict[int, list[_Request]] = {}
         for req in requests:
             if req.row is not None:
@@ -518,6 +523,10 @@ class Batcher:
         largest = max(sizes, key=sizes.__getitem__)
         if sum(size == sizes[largest] for size in sizes.values()) > 1:
             return []  # no single largest model (e.g. a block proposer as large as its verifier)
+        if all(self._joining(r) for key, reqs in by_model.items() if key != largest for r in reqs):
+            # only joining rows' prefills of the smaller models: no drafting phase to wait for (a
+            # row decoding at K = 0 never drafts), and holding would add a lockstep round per join
+            return []
         waiting = by_model[largest]
         if any(req.held >= self.max_hold for req in waiting):
             return []
