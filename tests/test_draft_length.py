@@ -598,3 +598,29 @@ def test_an_idle_pool_counts_as_paused(target, draft):
     after = pool.paused_seconds()
     time.sleep(0.1)
     assert pool.paused_seconds() - after == pytest.approx(0.1, abs=0.05)
+
+
+@pytest.mark.parametrize("ratio,probes", [(1.08, True), (1.5, False)])
+def test_a_marginal_drafting_advantage_keeps_ar_measured(ratio, probes):
+    """Drafting measured only a little above AR (under ``marginal_advantage``): AR is probed every
+    ``marginal_probe_interval`` seconds, so that its cell is not left with the seconds measured
+    while the batch filled; a clear advantage keeps the long interval."""
+    now = {"t": 0.0}
+    policy = GoodputDraftLength(
+        CPU, CHEAP_DRAFT, k_max=4, rows=lambda: 2, probe_interval=100.0, probe_window=0.5,
+        decision_seconds=0.25, settle_seconds=0.0, marginal_probe_interval=3.0, clock=lambda: now["t"],
+    )  # fmt: skip
+    for _ in range(20):
+        policy.observe(4, 4)
+    with_ar_baseline(policy, 2)
+    ar = policy.windows.goodput(rows_bucket(2), 0)
+    policy.windows.add(rows_bucket(2), 2, tokens=ratio * ar * 20, row_seconds=20.0, seconds=20.0)
+    picks = []
+    for _ in range(40):  # 10 s of choices every 0.25 s
+        picks.append(policy.choose(4))
+        now["t"] += 0.25
+    assert picks[0] > 0
+    assert (0 in picks) == probes
+    if probes:
+        starts = [i for i in range(1, 40) if picks[i] == 0 and picks[i - 1] > 0]
+        assert len(starts) >= 2 and all(b - a <= 16 for a, b in itertools.pairwise(starts))

@@ -403,6 +403,8 @@ class GoodputDraftLength:
     settle_seconds: float = 0.2  # cycles ending this soon after a change of K are not measured
     draft_margin: float = 0.05  # drafting must beat AR's goodput by this much
     min_evidence_seconds: float = 0.5  # seconds of windows that establish a side (AR first; probes)
+    marginal_advantage: float = 1.15  # drafting measured below this over AR: AR probed often
+    marginal_probe_interval: float = 3.0  # seconds drafting between AR probes where marginal
     prior_seconds: float = 0.5  # weight of the predicted drafting advantage, in seconds of windows
     paused: Callable[[], float] = lambda: 0.0  # seconds on work every K pays alike, or idle
     clock: Callable[[], float] = time.perf_counter
@@ -475,7 +477,7 @@ class GoodputDraftLength:
                 self._start_probe(k, bucket, now)
             elif drafting != self._drafting or self._side_since is None:  # a new side: base interval
                 self._drafting, self._side_since, self._probe_backoff = drafting, now, 1.0
-            elif now - self._side_since >= self.probe_interval * self._probe_backoff and (
+            elif now - self._side_since >= self._probe_wait(bucket, drafting) and (
                 # no probe to drafting where smaller batches credit it under the margin: the cap
                 # in _goodputs makes it unable to change the choice, and it costs a catch-up
                 drafting or advantage is None or advantage >= 1 + self.draft_margin
@@ -491,6 +493,16 @@ class GoodputDraftLength:
         start = now + self.settle_seconds if k != self._decision else now
         self._window = _Window(start=start, paused=self.paused())
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
+
+    def _probe_wait(self, bucket: int, drafting: bool) -> float:
+        """Seconds on one side before probing the other. While drafting with a measured advantage
+        under ``marginal_advantage``, AR is probed every ``marginal_probe_interval`` seconds (no
+        back-off): otherwise the AR cell keeps the few seconds measured while the batch filled
+        and one probe, the drafting cell many times that, and a ±10 % window scatter decides."""
+        measured = self._advantage(bucket) if drafting else None
+        if measured is not None and measured < self.marginal_advantage:
+            return self.marginal_probe_interval
+        return self.probe_interval * self._probe_backoff
 
     def _established(self, bucket: int, k: int) -> bool:
         """Whether ``k``'s side of ``bucket`` has ``min_evidence_seconds`` of windows behind it."""
