@@ -40,9 +40,12 @@ side's costs: after ``probe_interval`` seconds at K = 0 it drafts anyway (its be
 long drafting it runs AR steps for a window, so that the AR baseline does too (it is measured
 first, while a batch fills and every step also prefills joining rows, which makes AR look slower
 than it runs in steady state). A probe after which the choice stays on its side doubles the
-interval (up to ``max_probe_backoff`` ×); a change of side resets it. Probes are windows of time,
-not every n-th choice, so that all rows of a lockstep batch probe together: one drafting row
-would make the others' AR steps wait for it and make AR look as slow as speculation.
+interval (up to ``max_probe_backoff`` ×); a change of side resets it. While drafting's measured
+advantage is marginal (under ``marginal_advantage``), AR is probed every
+``marginal_probe_interval`` seconds instead, so that both sides carry comparable evidence.
+Probes are windows of time, not every n-th choice, so that all rows of a lockstep batch probe
+together: one drafting row would make the others' AR steps wait for it and make AR look as slow
+as speculation.
 """
 
 from __future__ import annotations
