@@ -441,7 +441,8 @@ def test_drafting_that_lost_at_a_smaller_batch_is_not_tried_at_a_larger_one():
         lost.tracker.rates(), 4, lambda k: lost.cycles.estimate(bucket, k, lost.predicted_seconds(8, k))
     )
     assert predicted[2] > predicted[0]
-    goodput = lost._goodputs(8, bucket)  # credited with at most two rows' measured advantage
+    # credited with at most two rows' measured advantage
+    goodput = lost._goodputs(8, bucket, lost._smaller_batch_advantage(bucket))
     assert max(goodput[1:]) <= 0.8 * goodput[0] + 1e-9
     won, rows = policy_with_two_rows_measured(1.3)
     assert won.choose(4) > 0
@@ -485,7 +486,8 @@ def test_drafting_is_credited_with_at_most_a_smaller_batchs_advantage():
 
     assert policy_for(1.1).choose(4) > 0
     assert policy_for(1.02).choose(4) == 0
-    goodput = policy_for(1.02)._goodputs(8, rows_bucket(8))
+    policy = policy_for(1.02)
+    goodput = policy._goodputs(8, rows_bucket(8), policy._smaller_batch_advantage(rows_bucket(8)))
     assert max(goodput[1:]) == pytest.approx(1.02 * goodput[0])
 
 
@@ -551,7 +553,7 @@ def test_a_short_drafting_window_does_not_outweigh_the_prediction():
         policy.observe(4, 2)
     with_ar_baseline(policy, 64)
     bucket = rows_bucket(64)
-    goodput = policy._goodputs(64, bucket)
+    goodput = policy._goodputs(64, bucket, policy._smaller_batch_advantage(bucket))
     assert max(goodput[1:]) < 0.95 * goodput[0]  # predicted: drafting loses at 64 rows
     ar = policy.windows.goodput(bucket, 0)
     policy.windows.add(bucket, 6, tokens=1.5 * ar * 64 * 0.1, row_seconds=64 * 0.1, seconds=0.1)

@@ -511,13 +511,13 @@ class GoodputDraftLength:
         """Whether ``k``'s side of ``bucket`` has ``min_evidence_seconds`` of windows behind it."""
         return self.windows.evidence(bucket, k) >= self.min_evidence_seconds
 
-    def _goodputs(self, rows: int, bucket: int, advantage: float | None = None) -> list[float]:
+    def _goodputs(self, rows: int, bucket: int, advantage: float | None) -> list[float]:
         """Tokens per row-second for K = 0 .. k_max in this bucket (module doc).
 
         The shape over K is predicted from acceptance and the cycle costs. AR's level is its
         windows' once established; drafting's advantage over AR blends the windows' ratio with the
-        predicted one, by evidence. Then drafting is credited with at most the advantage measured
-        at smaller batch sizes (``advantage``; computed here if not given).
+        predicted one, by evidence. Then drafting is credited with at most ``advantage``, the
+        advantage measured at smaller batch sizes (:meth:`_smaller_batch_advantage`; None: none).
         """
         assert self.tracker is not None
         _, goodput = best_draft_length(
@@ -541,8 +541,6 @@ class GoodputDraftLength:
         # Speculation gains less the more rows share a step (a verify grows with B·(K + 1)
         # tokens, the tokens a row gains do not). Windows at a large batch are few and scatter;
         # the cap keeps a noisy one from making the policy draft where it loses.
-        if advantage is None:
-            advantage = self._smaller_batch_advantage(bucket)
         if advantage is not None:
             goodput[1:] = [min(g, advantage * goodput[0]) for g in goodput[1:]]
         return goodput
