@@ -641,7 +641,9 @@ def test_a_draft_model_prefill_is_a_cost_of_drafting(target, draft, monkeypatch)
     batcher = pool.batcher
     assert batcher.prefill_seconds_of(draft.model) > 0  # the row drafted: the draft was prefilled
     verifier_prefills = batcher.prefill_seconds_of(target.model)
-    assert batcher.prefill_seconds == pytest.approx(verifier_prefills + batcher.prefill_seconds_of(draft.model))
+    assert batcher.prefill_seconds == pytest.approx(
+        verifier_prefills + batcher.prefill_seconds_of(draft.model)
+    )
     idle = pool.paused_seconds() - batcher.prefill_seconds
     assert policy.paused() == pytest.approx(idle + verifier_prefills, abs=0.02)
 

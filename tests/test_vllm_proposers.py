@@ -47,6 +47,13 @@ def prove_lossless():
 
 
 @pytest.fixture(scope="module")
+def prove_lossless_own_cache():
+    engine = VLLMEngine("sd", target=model_dir("block"), proposer="block-cache", k=8, **COMMON)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
 def block_ar():
     engine = VLLMEngine("ar", target=model_dir("block"), stock=True, **COMMON)
     yield engine
@@ -81,6 +88,19 @@ def test_prove_lossless_token_identical_to_block_ar_and_our_engine(prove_lossles
     assert plugin["accepted_per_pos"][0] == plugin["drafted_per_pos"][0] > 0
 
 
+def test_prove_lossless_on_the_own_cache_seam_is_token_identical_to_block_ar(
+    prove_lossless_own_cache, block_ar
+):
+    """The block proposer as our custom proposer class (its own context cache, fed only what it
+    lacks) is as lossless as the parallel-drafting seam, and drafts as well (τ)."""
+    results = prove_lossless_own_cache.generate(PROMPTS, max_new_tokens=TOKENS)
+    tokens = [_strip(r.tokens) for r in results]
+    assert all(len(t) > 0 for t in tokens)
+    assert tokens == [_strip(r.tokens) for r in block_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
+    assert sum(r.stats["tau"] for r in results) / len(results) > 2
+    assert results[0].stats["proposer"] == "block-cache"
+
+
 def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
     results = sdd.generate(PROMPTS, max_new_tokens=TOKENS)
     tokens = [_strip(r.tokens) for r in results]
@@ -90,7 +110,7 @@ def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
     assert results[0].stats["proposer"] == "diffusion"
 
 
-@pytest.mark.parametrize("kind", ["sdd", "prove_lossless"])
+@pytest.mark.parametrize("kind", ["sdd", "prove_lossless", "prove_lossless_own_cache"])
 def test_batch_of_four_gives_each_request_its_solo_output(kind, request):
     engine = request.getfixturevalue(kind)
     prompts = PROMPTS[2:6]
@@ -99,8 +119,10 @@ def test_batch_of_four_gives_each_request_its_solo_output(kind, request):
     assert batch == solo
 
 
-def test_request_that_ends_early_frees_its_drafter_state(sdd):
+@pytest.mark.parametrize("kind", ["sdd", "prove_lossless_own_cache"])
+def test_request_that_ends_early_frees_its_drafter_state(kind, request):
     """The short request's drafter state is gone while the long one still decodes; none is left."""
+    sdd = request.getfixturevalue(kind)
     llm_engine = sdd.llm.llm_engine
     short = sdd.sampling_params(max_new_tokens=3)
     long = sdd.sampling_params(max_new_tokens=TOKENS)
@@ -212,6 +234,10 @@ def test_bad_proposer_settings_fail_clearly():
         VLLMEngine("sd", proposer="block", k=64)
     with pytest.raises(RelaxSpecError, match="plugin"):
         VLLMEngine("sd", proposer="diffusion", stock=True)
+    with pytest.raises(RelaxSpecError, match="plugin"):
+        VLLMEngine("sd", proposer="block-cache", stock=True)
+    with pytest.raises(RelaxSpecError, match="trained size"):
+        VLLMEngine("sd", proposer="block-cache", k=64)
 
 
 def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
@@ -221,6 +247,8 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
     assert (plan.rule, plan.proposer, plan.k, plan.target_role, plan.proposer_role) == (
         "sd", "block", 8, "block", "block"
     )  # fmt: skip
+    own = runners.engine_plan("prove-lossless", runners.resolve("prove-lossless", {"seam": "own-cache"}))
+    assert (own.proposer, own.k) == ("block-cache", 8)
     plan = runners.engine_plan("prove", runners.resolve("prove", {"theta": 0.1, "block_size": 4}))
     assert (plan.request_rule(), plan.k, plan.target_role) == ({"rule": "gate", "theta": 0.1}, 4, "draft")
     plan = runners.engine_plan("sdd", runners.resolve("sdd", {"accept": "topk", "accept_k": 3, "steps": 2}))
@@ -233,7 +261,7 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
     assert runners.resolve("vllm-ar", {"model": "block"})["model"] == "block"
     for name, bad in (("sdd", {"accept": "gate"}), ("sdd", {"gamma": 0}), ("prove", {"theta": -1}),
                       ("prove-lossless", {"k": 4}), ("vllm-ar", {"model": "x"}),
-                      ("sd", {"proposer": "diffusion"})):  # fmt: skip
+                      ("sd", {"proposer": "diffusion"}), ("prove", {"seam": "paged"})):  # fmt: skip
         with pytest.raises(RelaxSpecError):
             runners.resolve(name, bad)
     for name in ("mars", "sdd-skip", "sdd-periodic"):  # verifier skipping stays in our engine

@@ -107,7 +107,8 @@ def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = Non
 
 
 # Proposer kind -> the model role it loads by default (DESIGN §8; .proposers).
-PROPOSER_ROLES = {"draft": "draft", "block": "block", "diffusion": "diffusion"}
+PROPOSER_ROLES = {"draft": "draft", "block": "block", "block-cache": "block", "diffusion": "diffusion"}
+CUSTOM_PROPOSERS = ("block-cache", "diffusion")  # our proposer classes: they need the plugin
 
 
 class VLLMEngine:
@@ -120,8 +121,10 @@ class VLLMEngine:
 
     proposer: ``draft`` (vLLM's draft-model proposer, ``draft`` = a causal LM), ``block`` (a MARS
     block proposer through vLLM's parallel drafting, ``draft`` = the block model, ``k`` ≤ its
-    trained block size) or ``diffusion`` (relaxspec's masked-diffusion drafter as a vLLM custom
-    proposer, ``draft`` = the drafter; ``gamma`` block length (default ``k``), ``steps`` S,
+    trained block size), ``block-cache`` (the same block proposer as a vLLM custom proposer with
+    its own context cache: fewer drafter positions per step, rows drafted one by one) or
+    ``diffusion`` (relaxspec's masked-diffusion drafter as a vLLM custom proposer, ``draft`` = the
+    drafter; ``gamma`` block length (default ``k``), ``steps`` S,
     ``reveal``). See :mod:`relaxspec.integrations.vllm.proposers`.
     """
 
@@ -173,8 +176,8 @@ class VLLMEngine:
             )
         if proposer not in PROPOSER_ROLES:
             raise RelaxSpecError(f"proposer must be one of {', '.join(PROPOSER_ROLES)}, got {proposer!r}")
-        if stock and proposer == "diffusion":
-            raise RelaxSpecError("the diffusion drafter needs the relaxspec plugin (not stock vLLM)")
+        if stock and proposer in CUSTOM_PROPOSERS:
+            raise RelaxSpecError(f"the {proposer!r} proposer needs the relaxspec plugin (not stock vLLM)")
         self.stock = stock
         self.proposer = proposer if self.method != "ar" else None
         self.k = k if self.method != "ar" else 0
@@ -206,6 +209,10 @@ class VLLMEngine:
                 _check_block_model(self.draft, k)
                 spec = proposers.block_speculative_config(str(self.draft), k, draft_sample_method)
                 kwargs["hf_overrides"] = proposers.mars_hf_overrides
+            elif proposer == "block-cache":
+                _check_block_model(self.draft, k)
+                spec = proposers.block_own_cache_speculative_config(k)
+                kwargs["additional_config"] = proposers.block_additional_config(str(self.draft))
             elif proposer == "diffusion":
                 spec = proposers.diffusion_speculative_config(k)
                 kwargs["additional_config"] = proposers.diffusion_additional_config(
@@ -288,8 +295,8 @@ class VLLMEngine:
         return choice_from_args(rule, self.rule)
 
     def proposer_state(self) -> dict[str, Any] | None:
-        """The (first) worker's custom-proposer state (diffusion drafter: live request states)."""
-        if self.proposer != "diffusion":
+        """The (first) worker's custom-proposer state (live request states), or None."""
+        if self.proposer not in CUSTOM_PROPOSERS:
             return None
         return self.llm.collective_rpc("relaxspec_proposer_state")[0]
 

@@ -67,7 +67,9 @@ log = logging.getLogger("relaxspec.vllm")
 
 MARS_MASK_ATTR = "mars_mask_token_id"  # relaxspec.engine.proposers.block.MASK_ID_ATTR
 CONFIG_KEY = "relaxspec_diffusion"  # key of vLLM's additional_config
+BLOCK_CONFIG_KEY = "relaxspec_block"
 DIFFUSION_CLASS = "relaxspec.integrations.vllm.proposers.DiffusionDrafter"
+BLOCK_CLASS = "relaxspec.integrations.vllm.proposers.BlockDrafter"
 _SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 
 
@@ -126,6 +128,14 @@ def diffusion_speculative_config(k: int) -> dict[str, Any]:
     return {"method": "custom_class", "model": DIFFUSION_CLASS, "num_speculative_tokens": k}
 
 
+def block_own_cache_speculative_config(k: int) -> dict[str, Any]:
+    return {"method": "custom_class", "model": BLOCK_CLASS, "num_speculative_tokens": k}
+
+
+def block_additional_config(path: str) -> dict[str, Any]:
+    return {BLOCK_CONFIG_KEY: {"path": path}}
+
+
 def diffusion_additional_config(
     path: str, gamma: int | None, steps: int | None, reveal: str = "auto"
 ) -> dict[str, Any]:
@@ -147,33 +157,35 @@ def request_sampling(params: Any) -> SamplingParams:
 
 @dataclass
 class _RowState:
-    proposer: Any  # DiffusionProposer
+    proposer: Any  # a relaxspec proposer with its own context cache (DiffusionProposer, BlockProposer)
     params: SamplingParams
     generator: torch.Generator | None
 
 
-class DiffusionDrafter:
-    """vLLM custom proposer (``method="custom_class"``) running relaxspec's diffusion drafter.
+class OwnCacheDrafter:
+    """vLLM custom proposer (``method="custom_class"``) running a relaxspec proposer per request.
 
     Constructed by vLLM with the ``VllmConfig`` in every worker; options from
-    ``additional_config["relaxspec_diffusion"]`` (``path``, ``gamma``, ``steps``, ``reveal``).
-    ``num_speculative_tokens`` (K) drafts per request per step, ``K ≤ γ``.
+    ``additional_config[config_key]`` (``path`` and the subclass's own). ``num_speculative_tokens``
+    (K) drafts per request per step. Each request gets its own proposer (with its own context
+    cache, rolled back to the committed length each step) on its first draft, freed when vLLM
+    reports the request finished; each row's real ``q`` goes to the acceptance step. Subclasses
+    say how to load the model (:meth:`_load`) and make a proposer (:meth:`_new_proposer`).
     """
 
     relaxspec_proposer = True  # the plugin binds the runner and collects q for classes with this
+    config_key = ""
+    label = "drafter"
 
     def __init__(self, vllm_config: Any) -> None:
-        opts = dict((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
-        if not opts.get("path"):
+        self.options = dict((vllm_config.additional_config or {}).get(self.config_key) or {})
+        if not self.options.get("path"):
             raise RelaxSpecError(
-                f"the diffusion drafter needs additional_config['{CONFIG_KEY}']['path'] (the drafter "
+                f"the {self.label} needs additional_config['{self.config_key}']['path'] (its model "
                 "directory); build the engine with relaxspec.integrations.vllm.offline.VLLMEngine"
             )
-        self.path = str(opts["path"])
-        self.gamma, self.steps = opts.get("gamma"), opts.get("steps")
-        self.reveal = opts.get("reveal") or "auto"
-        spec = vllm_config.speculative_config
-        self.k = int(spec.num_speculative_tokens)
+        self.path = str(self.options["path"])
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.target_vocab = int(vllm_config.model_config.get_vocab_size())
         self.model: Any = None
@@ -185,33 +197,26 @@ class DiffusionDrafter:
         self.freed = 0
         self.events: list[tuple[str, str, int]] = []  # (event, req_id, live states after) — last 256
 
+    # -- what a subclass provides ------------------------------------------------------------------
+
+    def _load(self) -> Any:
+        """The drafter model (eval mode), validated for ``self.k``."""
+        raise NotImplementedError
+
+    def _new_proposer(self, params: SamplingParams) -> Any:
+        raise NotImplementedError
+
     # -- vLLM's hooks ----------------------------------------------------------------------------
 
     def load_model(self, target_model: Any = None) -> None:
         """Load the drafter (vLLM's CPU runner calls this on every drafter)."""
-        from relaxspec.engine.proposers.diffusion import DiffusionProposer, load_diffusion
-
-        loaded = load_diffusion(self.path)
-        vocab = int(loaded.model.get_output_embeddings().weight.shape[0])
+        model = self._load()
+        vocab = int(model.get_output_embeddings().weight.shape[0])
         if vocab != self.target_vocab:
             raise RelaxSpecError(
-                f"the diffusion drafter's vocabulary ({vocab}) differs from the target's "
-                f"({self.target_vocab})"
+                f"the {self.label}'s vocabulary ({vocab}) differs from the target's ({self.target_vocab})"
             )
-        self.model = loaded.model.eval()
-        probe = DiffusionProposer(self.model, self.gamma, self.steps, self.reveal)  # validates γ, S, reveal
-        self.gamma, self.steps = probe.gamma, probe.steps
-        if self.k > self.gamma:
-            raise RelaxSpecError(
-                f"num_speculative_tokens ({self.k}) exceeds the diffusion block length gamma ({self.gamma})"
-            )
-        log.info(
-            "relaxspec diffusion drafter %s: gamma=%d steps=%d k=%d",
-            self.path,
-            self.gamma,
-            self.steps,
-            self.k,
-        )
+        self.model = model.eval()
 
     def bind(self, runner: Any) -> None:
         self.runner = runner
@@ -233,7 +238,7 @@ class DiffusionDrafter:
         runner = self.runner
         if runner is None:
             raise RelaxSpecError(
-                "DiffusionDrafter needs the relaxspec vLLM plugin loaded (it binds the model runner)"
+                f"{type(self).__name__} needs the relaxspec vLLM plugin loaded (it binds the model runner)"
             )
         req_ids = list(runner.input_batch.req_ids)
         drafts: list[list[int]] = []
@@ -266,16 +271,12 @@ class DiffusionDrafter:
     def _state(self, req_id: str) -> _RowState:
         state = self.states.get(req_id)
         if state is None:
-            from relaxspec.engine.proposers.diffusion import DiffusionProposer
-
             request = self.runner.requests.get(req_id)
             params = request_sampling(getattr(request, "sampling_params", None))
             generator = None
             if params.seed is not None and not params.greedy:
                 generator = torch.Generator().manual_seed(params.seed)
-            proposer = DiffusionProposer(self.model, self.gamma, self.steps, self.reveal)
-            proposer.reveal_order(params)  # clear error for an inexact combination
-            state = self.states[req_id] = _RowState(proposer, params, generator)
+            state = self.states[req_id] = _RowState(self._new_proposer(params), params, generator)
             self.created += 1
             self._event("create", req_id)
         return state
@@ -310,11 +311,92 @@ class DiffusionDrafter:
                 "created": self.created,
                 "freed": self.freed,
                 "events": list(self.events),
-                "gamma": self.gamma,
-                "steps": self.steps,
                 "k": self.k,
                 "pid": os.getpid(),
+                **self._info(),
             }
+
+    def _info(self) -> dict[str, Any]:
+        return {}
+
+
+class DiffusionDrafter(OwnCacheDrafter):
+    """relaxspec's masked-diffusion drafter as a vLLM custom proposer.
+
+    Options in ``additional_config["relaxspec_diffusion"]``: ``path``, ``gamma``, ``steps``,
+    ``reveal``; ``K ≤ γ``.
+    """
+
+    config_key = CONFIG_KEY
+    label = "diffusion drafter"
+
+    def __init__(self, vllm_config: Any) -> None:
+        super().__init__(vllm_config)
+        self.gamma, self.steps = self.options.get("gamma"), self.options.get("steps")
+        self.reveal = self.options.get("reveal") or "auto"
+
+    def _load(self) -> Any:
+        from relaxspec.engine.proposers.diffusion import DiffusionProposer
+        from relaxspec.methods import load_role
+
+        model = load_role("diffusion", self.path).model  # with relaxspec's decoding kernels
+        probe = DiffusionProposer(model, self.gamma, self.steps, self.reveal)  # validates γ, S, reveal
+        self.gamma, self.steps = probe.gamma, probe.steps
+        if self.k > self.gamma:
+            raise RelaxSpecError(
+                f"num_speculative_tokens ({self.k}) exceeds the diffusion block length gamma ({self.gamma})"
+            )
+        log.info(
+            "relaxspec diffusion drafter %s: gamma=%d steps=%d k=%d",
+            self.path,
+            self.gamma,
+            self.steps,
+            self.k,
+        )
+        return model
+
+    def _new_proposer(self, params: SamplingParams) -> Any:
+        from relaxspec.engine.proposers.diffusion import DiffusionProposer
+
+        proposer = DiffusionProposer(self.model, self.gamma, self.steps, self.reveal)
+        proposer.reveal_order(params)  # clear error for an inexact combination
+        return proposer
+
+    def _info(self) -> dict[str, Any]:
+        return {"gamma": self.gamma, "steps": self.steps}
+
+
+class BlockDrafter(OwnCacheDrafter):
+    """ProVe's MARS block proposer as a vLLM custom proposer, with its own context cache.
+
+    The other seam for the block model (``proposer="block-cache"``): where vLLM's parallel
+    drafting feeds the drafter every verified position again (rejected ones included) plus the
+    placeholders, 2K positions per step, this one feeds only the committed tokens its cache lacks
+    plus K − 1 placeholders (≈ τ + K − 1), as relaxspec's engine does; it gives up vLLM's batched
+    drafter forward (rows are drafted one after another) and its KV accounting. Options in
+    ``additional_config["relaxspec_block"]``: ``path``; ``K ≤`` the trained block size.
+    """
+
+    config_key = BLOCK_CONFIG_KEY
+    label = "block proposer"
+
+    def _load(self) -> Any:
+        from relaxspec.engine.proposers.block import trained_block_size
+        from relaxspec.methods import load_role
+
+        model = load_role("block", self.path).model  # with relaxspec's decoding kernels
+        trained = trained_block_size(model, f"the block proposer at {self.path}")
+        if self.k > trained:
+            raise RelaxSpecError(
+                f"num_speculative_tokens ({self.k}) exceeds the block proposer's trained size ({trained})"
+            )
+        log.info("relaxspec block drafter %s (own cache): k=%d", self.path, self.k)
+        return model
+
+    def _new_proposer(self, params: SamplingParams) -> Any:
+        from relaxspec.engine.proposers.block import BlockProposer
+
+        return BlockProposer(self.model, self.k)
 
 
 def proposer_state(runner: Any) -> dict[str, Any] | None:

@@ -62,9 +62,13 @@ PEERS: dict[str, dict[str, Any]] = {"vllm-ar": {}, "vllm-sd": {"k": 4}}
 # against the target, block size = k).
 PEER_OPTIONAL: dict[str, dict[str, Any]] = {
     "vllm-ar": {"model": "target"},
+    # the seam that carries the block proposer: vLLM's parallel drafting, or our proposer class
+    # with its own context cache (.proposers.BlockDrafter)
+    **{m: {"seam": "parallel"} for m in ("prove-lossless", "prove")},
     **{m: {"proposer": "draft"} for m in ("sd", "nsd", "topk", "typical", "lenience")},
 }
 RULE_PROPOSERS = ("draft", "block")
+BLOCK_SEAMS = {"parallel": "block", "own-cache": "block-cache"}  # seam -> VLLMEngine proposer
 PEER_NEEDS: dict[str, tuple[str, ...]] = {"vllm-ar": ("target",), "vllm-sd": ("target", "draft")}
 PEER_SUMMARY = {
     "vllm-ar": "stock vLLM (relaxspec plugin disabled), autoregressive",
@@ -116,7 +120,7 @@ class EnginePlan:
 
     rule: str
     rule_params: dict[str, Any]
-    proposer: str  # draft | block | diffusion
+    proposer: str  # draft | block | block-cache | diffusion (VLLMEngine proposers)
     k: int
     target_role: str = "target"
     proposer_role: str = "draft"
@@ -155,12 +159,15 @@ def drafter_gamma(path: str | Path | None = None) -> int:
 def engine_plan(name: str, p: dict[str, Any], paths: dict[str, Any] | None = None) -> EnginePlan:
     """The :class:`EnginePlan` of a vLLM method row with resolved parameters ``p``."""
     paths = paths or {}
-    if name == "prove-lossless":
-        return EnginePlan("sd", {}, "block", _int_param(p, "block_size"), "block", "block")
-    if name == "prove":
-        RuleChoice("gate", {"theta": p["theta"]})
+    if name in ("prove-lossless", "prove"):
+        seam = p.get("seam", "parallel")
+        if seam not in BLOCK_SEAMS:
+            raise RelaxSpecError(f"seam must be one of {', '.join(BLOCK_SEAMS)}, got {seam!r}")
         size = _int_param(p, "block_size")
-        return EnginePlan("gate", {"theta": p["theta"]}, "block", size, "draft", "block")
+        if name == "prove-lossless":
+            return EnginePlan("sd", {}, BLOCK_SEAMS[seam], size, "block", "block")
+        RuleChoice("gate", {"theta": p["theta"]})
+        return EnginePlan("gate", {"theta": p["theta"]}, BLOCK_SEAMS[seam], size, "draft", "block")
     if name == "sdd":
         if p["accept"] not in SDD_ACCEPT:
             raise RelaxSpecError(f"accept must be one of {', '.join(SDD_ACCEPT)}, got {p['accept']!r}")
@@ -389,6 +396,9 @@ def proposer_spec_args(
     argv: list[str] = []
     if plan.proposer == "block":
         spec = proposers.block_speculative_config(drafter, plan.k, "probabilistic")
+    elif plan.proposer == "block-cache":
+        spec = proposers.block_own_cache_speculative_config(plan.k)
+        argv += ["--additional-config", json.dumps(proposers.block_additional_config(drafter))]
     else:
         spec = proposers.diffusion_speculative_config(plan.k)
         o = plan.options
