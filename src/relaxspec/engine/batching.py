@@ -318,7 +318,6 @@ class Batcher:
     aligned_holds: int = 0  # requests held back a step for phase alignment
     retried_rows: int = 0  # rows re-run alone after a batched forward failed
     prefill_seconds: float = 0.0  # wall time of joining rows' prefills (the batch waits through them)
-    prefill_seconds_by_model: dict[int, float] = field(default_factory=dict)  # id(model) -> the same
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _pending: list[_Request] = field(default_factory=list)
     _shared: dict[int, SharedCache] = field(default_factory=dict)
@@ -568,14 +567,7 @@ class Batcher:
         try:
             self._prefill_row(shared, req)
         finally:
-            spent = time.perf_counter() - t0
-            self.prefill_seconds += spent
-            key = id(req.row.model)
-            self.prefill_seconds_by_model[key] = self.prefill_seconds_by_model.get(key, 0.0) + spent
-
-    def prefill_seconds_of(self, model: PreTrainedModel) -> float:
-        """Wall time of joining rows' prefills by ``model`` so far."""
-        return self.prefill_seconds_by_model.get(id(model), 0.0)
+            self.prefill_seconds += time.perf_counter() - t0
 
     def _prefill_row(self, shared: SharedCache, req: _Request) -> None:
         single = new_cache(req.row.model)

@@ -30,9 +30,8 @@ shapes the goodput over K). AR is measured first at each batch size; drafting's 
 is the windows' ratio blended with the predicted ratio by evidence (``prior_seconds`` for the
 prediction against the seconds of windows behind the measurement); drafting must beat AR by
 ``draft_margin`` and is credited with no more than smaller batches measured
-(:meth:`GoodputDraftLength._smaller_batch_advantage`). Time the batch spent prefilling the
-verifier's joining rows is left out of the windows: it is the same at every K (the draft model's
-prefill of a row, paid when the row first drafts, and its catch-up after AR steps are not).
+(:meth:`GoodputDraftLength._smaller_batch_advantage`). Time the batch spent prefilling joining
+rows is left out of the windows: it is the same at every K.
 
 One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
 so the rows of a lockstep batch draft alike. A policy that stays on one side sees only that
@@ -321,15 +320,12 @@ class WindowRates:
     noisy ratios is biased high: measured, a K = 6 cell at 1.8x AR from one short window).
 
     A window is the time one decision (K for every row of a bucket) held, less its first
-    ``settle_seconds`` after a change of K (not after a change from AR to drafting: the draft
-    model's catch-up on the tokens committed at K = 0 is a cost of drafting) and less the time the
-    batch spent prefilling the verifier's joining rows (that costs the same at every K; counted, it
-    made the AR baseline measured while a batch fills 20 % slower than AR runs). A draft model's
-    prefill of a row happens when the row first drafts: it stays in the drafting window. Its
-    tokens are what every row committed in it, its row-seconds ∫ rows dt; a cell keeps decayed
-    sums of tokens, row-seconds and wall seconds over its windows, so its goodput is a ratio of
-    sums and its evidence the seconds behind it. Unlike per-cycle timings this needs no
-    attribution of a lockstep round's wait to a row.
+    ``settle_seconds`` after a change of K and less the time the batch spent prefilling joining
+    rows (that costs the same at every K; counted, it made the AR baseline measured while a batch
+    fills 20 % slower than AR runs). Its tokens are what every row committed in it, its
+    row-seconds ∫ rows dt; a cell keeps decayed sums of tokens, row-seconds and wall seconds over
+    its windows, so its goodput is a ratio of sums and its evidence the seconds behind it. Unlike
+    per-cycle timings this needs no attribution of a lockstep round's wait to a row.
     """
 
     decay: float = 0.85  # weight of a cell's earlier windows when a new one is added
@@ -394,9 +390,9 @@ class GoodputDraftLength:
 
     ``rows()`` returns how many rows share a step now (the batcher's active generations; 1 for a
     request decoded alone); ``paused()`` the seconds so far in which the rows did nothing that
-    depends on K (prefills of the verifier's joining rows, and no request running at all),
-    which no window counts. One instance is shared by the requests of one method, so acceptance
-    is learned across them.
+    depends on K (prefills of joining rows, and no request running at all), which no window
+    counts. One instance is shared by the requests of one method, so acceptance is learned across
+    them.
     """
 
     target_costs: Costs  # a StepCosts or LiveStepCosts
@@ -497,11 +493,7 @@ class GoodputDraftLength:
         held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
         if k != self._decision:
             self._changed_at = now
-        # Rows still finishing cycles begun at the old K are not the new side's: skip them, except
-        # when drafting starts (its first cycles feed the draft model every token committed at
-        # K = 0: a cost of drafting, and the AR steps of a probe are what it is compared with)
-        switched_to_drafting = k > 0 and self._decision == 0
-        start = now + self.settle_seconds if k != self._decision and not switched_to_drafting else now
+        start = now + self.settle_seconds if k != self._decision else now
         self._window = _Window(start=start, paused=self.paused())
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
 

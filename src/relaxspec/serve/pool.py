@@ -13,7 +13,6 @@ checks its cancel event at every cycle, and so does the batcher while the reques
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections import deque
@@ -104,21 +103,16 @@ class ServingPool:
     def _rows_per_step(self) -> int:
         return max(1, self.batcher.active) if self.batcher is not None else 1
 
-    def paused_seconds(self, verifier: Any = None) -> float:
+    def paused_seconds(self) -> float:
         """Seconds so far in which running requests did nothing that depends on the draft length:
         prefills of rows joining the batch, and time with no request running (the adaptive
         policy's windows leave both out: an idle minute between two loads is not a minute of
-        zero tokens per second). Given the ``verifier`` model, only its rows' prefills count: a
-        draft model's prefill happens when a row first drafts, so it is a cost of drafting."""
+        zero tokens per second)."""
         with self._lock:
             idle = self._idle_seconds
             if self._idle_since is not None:
                 idle += time.perf_counter() - self._idle_since
-        if self.batcher is None:
-            return idle
-        if verifier is None:
-            return idle + self.batcher.prefill_seconds
-        return idle + self.batcher.prefill_seconds_of(verifier)
+        return idle + (self.batcher.prefill_seconds if self.batcher is not None else 0.0)
 
     def _costs(self, model: Any) -> LiveStepCosts:
         costs = self._step_costs.get(id(model))
@@ -142,7 +136,7 @@ class ServingPool:
                     draft_costs=self._costs(engine.proposer.lm.model),
                     k_max=engine.k,
                     rows=self._rows_per_step,
-                    paused=functools.partial(self.paused_seconds, engine.verifier.lm.model),
+                    paused=self.paused_seconds,
                 )
         return policy
 
