@@ -602,6 +602,32 @@ def test_an_idle_pool_counts_as_paused(target, draft):
     assert pool.paused_seconds() - after == pytest.approx(0.1, abs=0.05)
 
 
+def test_rows_coming_and_going_do_not_trap_the_policy_in_probes():
+    """Two clients: the batch flips between 1 and 2 rows every few steps (a request ends, the
+    next joins), i.e. between two buckets. A probe used to be cut short at each change of bucket
+    and restarted by the next decision (the side's wait had long passed), so the policy ran AR
+    steps for good although drafting was measured at ~1.9x AR (load test: tau 1.32 at two clients).
+    A probe now holds for its window across neighbouring buckets; between probes the policy drafts."""
+    now, rows = {"t": 0.0}, {"n": 2}
+    policy = cheap_draft_policy(
+        k_max=8, rows=lambda: rows["n"], decision_seconds=1.0, probe_window=1.0, probe_interval=10.0,
+        clock=lambda: now["t"],
+    )  # fmt: skip
+    picks = []
+    for step in range(900):  # 90 s of 0.1 s steps
+        rows["n"] = 2 if (step // 3) % 2 == 0 else 1
+        k = policy.choose(8)
+        picks.append(k)
+        now["t"] += 0.1
+        for _ in range(rows["n"]):
+            if k:
+                policy.observe(k, k)
+            policy.observe_tokens(15 if k else 8)  # 150 vs 80 tokens per row-second
+    late = picks[100:]
+    ar_share = sum(k == 0 for k in late) / len(late)
+    assert ar_share < 0.2, ar_share
+
+
 @pytest.mark.parametrize("ratio,probes", [(1.08, True), (1.5, False)])
 def test_a_marginal_drafting_advantage_keeps_ar_measured(ratio, probes):
     """Drafting measured only a little above AR (under ``marginal_advantage``): AR is probed every

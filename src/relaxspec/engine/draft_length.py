@@ -419,7 +419,7 @@ class GoodputDraftLength:
     _side_since: float | None = None
     _probe_until: float = float("-inf")
     _probe_k: int = 0  # the draft length of the running probe
-    _probe_bucket: int = -1  # the batch-size bucket it measures (it ends when the bucket changes)
+    _probe_bucket: int = -1  # the batch-size bucket it was started in
     _probe_backoff: float = 1.0
     _probed: bool = False  # a probe ran and no decision has followed it yet
     _decision: int = 0
@@ -464,8 +464,12 @@ class GoodputDraftLength:
         k = best_drafting if goodput[best_drafting] >= (1 + self.draft_margin) * goodput[0] else 0
         if not self._established(bucket, 0):
             k = 0  # measure the AR baseline of this batch size first: drafting is compared to it
-        if now < self._probe_until and bucket != self._probe_bucket:
-            self._probe_until, self._probed = float("-inf"), False  # cut short: measured nothing
+        # A probe holds for its window while the batch stays within one bucket of the probed one:
+        # rows come and go every few steps (1 <-> 2 rows at two clients), and a probe cut short at
+        # each change was restarted by the next decision (the side's wait had long passed): AR
+        # for good. A probe cut short by a larger change restarts the wait instead.
+        if now < self._probe_until and abs(bucket - self._probe_bucket) > 1:
+            self._probe_until, self._probed, self._side_since = float("-inf"), False, now
         if now < self._probe_until:
             k = self._probe_k
         else:
@@ -489,7 +493,7 @@ class GoodputDraftLength:
                 # while drafting, the AR baseline stays measured under today's load
                 k = 0 if drafting else best_drafting
                 self._start_probe(k, bucket, now)
-        # a probe's decision holds only for the probe window (a running probe is this bucket's)
+        # a probe's decision holds only for the probe window
         held_from = now - self.decision_seconds + self.probe_window if now < self._probe_until else now
         if k != self._decision:
             self._changed_at = now
