@@ -249,6 +249,11 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
     )  # fmt: skip
     own = runners.engine_plan("prove-lossless", runners.resolve("prove-lossless", {"seam": "own-cache"}))
     assert (own.proposer, own.k) == ("block-cache", 8)
+    _, argv, _ = runners.proposer_spec_args("prove-lossless", {"seam": "own-cache"}, {})  # the server's
+    assert (
+        "relaxspec.integrations.vllm.proposers.BlockDrafter" in argv[argv.index("--speculative-config") + 1]
+    )
+    assert "relaxspec_block" in argv[argv.index("--additional-config") + 1]
     plan = runners.engine_plan("prove", runners.resolve("prove", {"theta": 0.1, "block_size": 4}))
     assert (plan.request_rule(), plan.k, plan.target_role) == ({"rule": "gate", "theta": 0.1}, 4, "draft")
     plan = runners.engine_plan("sdd", runners.resolve("sdd", {"accept": "topk", "accept_k": 3, "steps": 2}))
