@@ -143,9 +143,16 @@ def with_method_options(default_method: str, method_help: str) -> Callable[[Call
             params = {n: v for n, v in flags.items() if v is not None}
             params.update(_training_overrides(kwargs.pop("set_")))
             opts = MethodOptions(kwargs.pop("method"), params, {r: kwargs.pop(r) for r in MODEL_HELP})
-            from relaxspec.methods import resolve_params
+            # bad method or parameter: fail before loading models, by the rules of the engine that
+            # runs it (vLLM rows have options of their own, e.g. prove-lossless's seam)
+            if kwargs.get("engine") == "vllm":
+                from relaxspec.integrations.vllm.runners import resolve as resolve_vllm
 
-            resolve_params(opts.method, opts.params)  # bad method or parameter: fail before loading models
+                resolve_vllm(opts.method, opts.params)
+            else:
+                from relaxspec.methods import resolve_params
+
+                resolve_params(opts.method, opts.params)
             return command(opts=opts, **kwargs)
 
         parameters = own + added
