@@ -584,6 +584,44 @@ def test_prefill_pauses_are_not_counted_in_windows():
     assert policy.windows.evidence(rows_bucket(4), 0) == pytest.approx(0.61)
 
 
+def test_window_row_seconds_follow_the_batch_size_with_throttled_integration():
+    """Every row reports every cycle; the window integrates rows over time at most every
+    ``integrate_seconds`` unless the batch changed size (each change closes the interval at the
+    size that held through it), so 2 rows for 1 s then 4 rows for 1 s is 6 row-seconds."""
+    now, rows = {"t": 0.0}, {"n": 2}
+    policy = cheap_draft_policy(
+        k_max=4, rows=lambda: rows["n"], decision_seconds=10.0, clock=lambda: now["t"]
+    )
+    policy.choose(4)
+    calls = {"n": 0}
+    policy.paused = lambda: calls.__setitem__("n", calls["n"] + 1) or 0.0
+    for step in range(200):  # 10 ms cycles
+        now["t"] = (step + 1) * 0.01
+        rows["n"] = 2 if now["t"] <= 1.0 + 1e-9 else 4
+        for _ in range(rows["n"]):
+            policy.observe_tokens(1)
+    w = policy._window
+    assert w.row_seconds == pytest.approx(6.0, abs=0.2) and w.tokens == 600
+    assert calls["n"] < 60  # not one pool-lock read per row and cycle (600 reports)
+
+
+def test_choices_are_counted_from_many_threads():
+    """``choose`` takes no lock while the decision holds; every choice is still counted."""
+    policy = cheap_draft_policy(k_max=4, rows=lambda: 16, decision_seconds=60.0)
+    policy.choose(4)
+
+    def ask() -> None:
+        for _ in range(2000):
+            policy.choose(4)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(policy.chosen.values()) == 1 + 8 * 2000
+
+
 def test_an_idle_pool_counts_as_paused(target, draft):
     """Between two loads (a minute between load-test levels) the policy's open window must not
     read as a minute without tokens: it then judged drafting by ~0 tokens per row-second and

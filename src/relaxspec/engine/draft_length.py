@@ -367,6 +367,7 @@ class _Window:
     start: float
     paused: float = 0.0  # the batch's paused seconds (prefills) counted up to ``last``
     last: float = field(init=False)
+    rows: int = 0  # the batch size seen at ``last`` (0: none yet)
     tokens: float = 0.0
     row_seconds: float = 0.0
     seconds: float = 0.0
@@ -375,13 +376,14 @@ class _Window:
         self.last = self.start
 
     def advance(self, now: float, rows: int, paused: float) -> None:
-        """Integrate ``rows`` from ``last`` to ``now``, less the batch's paused time since."""
+        """Integrate the rows from ``last`` to ``now`` — the batch size seen at ``last``, which held
+        until this call when every change of size is reported — less the batch's paused time."""
         if now > self.last >= self.start:
             dt = max(0.0, now - self.last - max(0.0, paused - self.paused))
-            self.row_seconds += rows * dt
+            self.row_seconds += (self.rows or rows) * dt
             self.seconds += dt
             self.last = now
-        self.paused = paused
+        self.paused, self.rows = paused, rows
 
 
 @dataclass
@@ -404,6 +406,7 @@ class GoodputDraftLength:
     probe_window: float = 1.0  # seconds a probe lasts (settling, then evidence)
     max_probe_backoff: float = 32.0  # a probe that confirms the side doubles the interval, up to this
     settle_seconds: float = 0.2  # cycles ending this soon after a change of K are not measured
+    integrate_seconds: float = 0.05  # a window's row-seconds are integrated at least this often
     draft_margin: float = 0.05  # drafting must beat AR's goodput by this much
     min_evidence_seconds: float = 0.5  # seconds of windows that establish a side (AR first; probes)
     marginal_advantage: float = 1.15  # drafting measured below this over AR: AR probed often
@@ -414,7 +417,8 @@ class GoodputDraftLength:
     tracker: AcceptanceTracker | None = None
     cycles: CycleCosts = field(default_factory=CycleCosts)
     windows: WindowRates = field(default_factory=WindowRates)
-    chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles it was chosen (stats)
+    _chosen: dict[int, int] = field(default_factory=dict)  # K -> cycles (see ``chosen``)
+    _choices: deque[int] = field(default_factory=deque)  # choices not yet counted into _chosen
     _drafting: bool = False  # the side (AR or K > 0) of the decisions since _side_since
     _side_since: float | None = None
     _probe_until: float = float("-inf")
@@ -427,6 +431,7 @@ class GoodputDraftLength:
     _changed_at: float = float("-inf")
     _decided_bucket: int = -1
     _window: _Window = field(default_factory=lambda: _Window(start=float("inf")))
+    _predicted: dict[tuple[int, int], float] = field(default_factory=dict)  # (rows, K) -> seconds
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -443,19 +448,33 @@ class GoodputDraftLength:
         assert self.tracker is not None
         rows = max(1, self.rows())
         bucket = rows_bucket(rows)
-        with self._lock:
-            now = self.clock()
-            if bucket != self._decided_bucket or now - self._decided_at >= self.decision_seconds:
-                self._decide(rows, bucket, now)
-            k = min(self._decision, cap)
-            self.chosen[k] = self.chosen.get(k, 0) + 1
+        # Every row of a batch asks every cycle, right after the same step: the common case (the
+        # decision holds) takes no lock, so 16-32 threads do not queue on one (each attribute read
+        # is atomic; a decision made meanwhile applies from the row's next cycle).
+        if bucket != self._decided_bucket or self.clock() - self._decided_at >= self.decision_seconds:
+            with self._lock:
+                now = self.clock()
+                if bucket != self._decided_bucket or now - self._decided_at >= self.decision_seconds:
+                    self._decide(rows, bucket, now)
+        k = min(self._decision, cap)
+        self._choices.append(k)  # deque.append is thread-safe; counted into ``chosen`` on read
         return k
+
+    @property
+    def chosen(self) -> dict[int, int]:
+        """K -> cycles it was chosen (stats)."""
+        with self._lock:
+            while self._choices:
+                k = self._choices.popleft()
+                self._chosen[k] = self._chosen.get(k, 0) + 1
+            return dict(self._chosen)
 
     def _decide(self, rows: int, bucket: int, now: float) -> None:
         """The draft length every row uses until the next decision (one per ``decision_seconds``
         or batch-size bucket change): rows of a lockstep batch wait for the longest draft, so
         mixed choices would cost every row the largest K and blur the measured cycle costs."""
         self._close_window(now)
+        self._predicted = {}
         advantage = self._smaller_batch_advantage(bucket)  # what smaller batches credit drafting with
         goodput = self._goodputs(rows, bucket, advantage)
         best_drafting = 1 + int(np.argmax(goodput[1:]))
@@ -563,7 +582,10 @@ class GoodputDraftLength:
             now, w = self.clock(), self._window
             if now < w.start:
                 return
-            w.advance(now, rows, self.paused())
+            # every row reports every cycle: integrate when the batch changed size, else at most
+            # every ``integrate_seconds`` (the paused clock takes the pool's lock)
+            if rows != w.rows or now - w.last >= self.integrate_seconds:
+                w.advance(now, rows, self.paused())
             w.tokens += n
 
     def _advantage(self, bucket: int) -> float | None:
@@ -612,4 +634,7 @@ class GoodputDraftLength:
         if self.clock() - self._changed_at < self.settle_seconds:
             return
         rows = max(1, self.rows())
-        self.cycles.observe(rows_bucket(rows), k, seconds, self.predicted_seconds(rows, k))
+        predicted = self._predicted.get((rows, k))
+        if predicted is None:  # the forward costs move slowly: one prediction per decision
+            predicted = self._predicted[rows, k] = self.predicted_seconds(rows, k)
+        self.cycles.observe(rows_bucket(rows), k, seconds, predicted)
