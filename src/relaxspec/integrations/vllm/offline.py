@@ -205,22 +205,25 @@ class VLLMEngine:
             if draft_sample_method is None:
                 draft_sample_method = "greedy" if stock else "probabilistic"
             spec: dict[str, Any]
-            if proposer == "block":
-                _check_block_model(self.draft, k)
-                spec = proposers.block_speculative_config(str(self.draft), k, draft_sample_method)
-                kwargs["hf_overrides"] = proposers.mars_hf_overrides
-            elif proposer == "block-cache":
-                _check_block_model(self.draft, k)
-                spec = proposers.block_own_cache_speculative_config(k)
-                kwargs["additional_config"] = proposers.block_additional_config(str(self.draft))
-            elif proposer == "diffusion":
-                spec = proposers.diffusion_speculative_config(k)
-                kwargs["additional_config"] = proposers.diffusion_additional_config(
-                    str(self.draft), k if gamma is None else gamma, steps, reveal
-                )
-            else:
+            if proposer == "draft":
                 spec = {"method": "draft_model", "model": str(self.draft), "num_speculative_tokens": k}
                 spec["draft_sample_method"] = draft_sample_method
+            else:
+                if proposer in ("block", "block-cache"):
+                    _check_block_model(self.draft, k)
+                if proposer == "block":
+                    kwargs["hf_overrides"] = proposers.mars_hf_overrides
+                spec, extra_config = proposers.speculative_settings(
+                    proposer,
+                    str(self.draft),
+                    k,
+                    draft_sample_method,
+                    k if gamma is None else gamma,
+                    steps,
+                    reveal,
+                )
+                if extra_config is not None:
+                    kwargs["additional_config"] = extra_config
             if num_speculative_tokens_per_batch_size is not None:
                 spec["num_speculative_tokens_per_batch_size"] = num_speculative_tokens_per_batch_size
             kwargs["speculative_config"] = spec

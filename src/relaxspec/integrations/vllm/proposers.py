@@ -94,7 +94,7 @@ def is_block_drafter(hf_config: Any) -> bool:
     return getattr(hf_config, MARS_MASK_ATTR, None) is not None
 
 
-def block_speculative_config(block_dir: str, k: int, draft_sample_method: str) -> dict[str, Any]:
+def _block_speculative_config(block_dir: str, k: int, draft_sample_method: str) -> dict[str, Any]:
     return {
         "method": "draft_model",
         "model": block_dir,
@@ -124,22 +124,31 @@ def greedy_draft_probs(
 # ---------------------------------------------------------------------------------------------
 
 
-def diffusion_speculative_config(k: int) -> dict[str, Any]:
-    return {"method": "custom_class", "model": DIFFUSION_CLASS, "num_speculative_tokens": k}
+def speculative_settings(
+    proposer: str,
+    drafter: str,
+    k: int,
+    draft_sample_method: str = "probabilistic",
+    gamma: int | None = None,
+    steps: int | None = None,
+    reveal: str = "auto",
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """vLLM's ``speculative_config`` and ``additional_config`` (None: none) for one of our proposers.
 
-
-def block_own_cache_speculative_config(k: int) -> dict[str, Any]:
-    return {"method": "custom_class", "model": BLOCK_CLASS, "num_speculative_tokens": k}
-
-
-def block_additional_config(path: str) -> dict[str, Any]:
-    return {BLOCK_CONFIG_KEY: {"path": path}}
-
-
-def diffusion_additional_config(
-    path: str, gamma: int | None, steps: int | None, reveal: str = "auto"
-) -> dict[str, Any]:
-    return {CONFIG_KEY: {"path": path, "gamma": gamma, "steps": steps, "reveal": reveal}}
+    proposer: ``block`` (parallel drafting), ``block-cache`` (:class:`BlockDrafter`) or
+    ``diffusion`` (:class:`DiffusionDrafter`; ``gamma``, ``steps``, ``reveal``); drafter: its
+    model directory. The offline engine and ``serve --engine vllm`` both build from this.
+    """
+    if proposer == "block":
+        return _block_speculative_config(drafter, k, draft_sample_method), None
+    if proposer == "block-cache":
+        spec = {"method": "custom_class", "model": BLOCK_CLASS, "num_speculative_tokens": k}
+        return spec, {BLOCK_CONFIG_KEY: {"path": drafter}}
+    if proposer == "diffusion":
+        spec = {"method": "custom_class", "model": DIFFUSION_CLASS, "num_speculative_tokens": k}
+        options = {"path": drafter, "gamma": gamma, "steps": steps, "reveal": reveal}
+        return spec, {CONFIG_KEY: options}
+    raise RelaxSpecError(f"no vLLM seam for proposer {proposer!r}")
 
 
 def request_sampling(params: Any) -> SamplingParams:

@@ -393,17 +393,17 @@ def proposer_spec_args(
     plan = engine_plan(method, resolve(method, params), paths)
     target = model_dir(plan.target_role, paths.get(plan.target_role), "serve --engine vllm")
     drafter = str(model_dir(plan.proposer_role, paths.get(plan.proposer_role), "serve --engine vllm"))
-    argv: list[str] = []
-    if plan.proposer == "block":
-        spec = proposers.block_speculative_config(drafter, plan.k, "probabilistic")
-    elif plan.proposer == "block-cache":
-        spec = proposers.block_own_cache_speculative_config(plan.k)
-        argv += ["--additional-config", json.dumps(proposers.block_additional_config(drafter))]
-    else:
-        spec = proposers.diffusion_speculative_config(plan.k)
-        o = plan.options
-        extra_config = proposers.diffusion_additional_config(drafter, o["gamma"], o["steps"], o["reveal"])
-        argv += ["--additional-config", json.dumps(extra_config)]
+    o = plan.options
+    spec, extra_config = proposers.speculative_settings(
+        plan.proposer,
+        drafter,
+        plan.k,
+        "probabilistic",
+        o.get("gamma"),
+        o.get("steps"),
+        o.get("reveal", "auto"),
+    )
+    argv = [] if extra_config is None else ["--additional-config", json.dumps(extra_config)]
     argv += ["--speculative-config", json.dumps(spec)]
     return target, argv, RuleChoice(plan.rule, plan.rule_params)
 
