@@ -438,3 +438,77 @@ def test_bad_proposer_arguments(model, kwargs, match):
 def test_defaults_come_from_the_model_config(model):
     prop = DiffusionProposer(model)
     assert prop.gamma == 4 and 1 <= prop.steps <= 4
+
+
+# --- many requests at once ----------------------------------------------------------------------
+
+
+def _packed_copy(model):
+    from relaxspec.engine import packed
+
+    fast = type(model)(model.config).eval()
+    fast.load_state_dict(model.state_dict())
+    assert packed.attach(fast, "packed") == "packed"
+    return fast
+
+
+@pytest.mark.parametrize("kernels", ["transformers", "packed"])
+@pytest.mark.parametrize("temperature,steps", [(0.0, 1), (0.0, 3), (1.0, 2)])
+def test_batched_drafts_equal_each_requests_solo_drafts(model, kernels, temperature, steps):
+    """DiffusionBatch (one forward per denoising step for every row) against a DiffusionProposer
+    per request, over rounds in which rows commit different numbers of tokens, one re-drafts at the
+    same length (rollback), one leaves and a new one joins with a long prompt, and one row is
+    not drafted in a round: same tokens, same laws q, same confidences."""
+    from relaxspec.engine.proposers.diffusion import DiffusionBatch, RowRequest
+
+    m = _packed_copy(model) if kernels == "packed" else model
+    gen = torch.Generator().manual_seed(11)
+    vocab = m.config.vocab_size
+    batch = DiffusionBatch(m, gamma=6, steps=steps)
+    solos: dict[str, DiffusionProposer] = {}
+    ids = {key: torch.randint(3, vocab, (1, n), generator=gen) for key, n in (("a", 5), ("b", 9), ("c", 1))}
+    params = SamplingParams(temperature=temperature, seed=0)
+    seeds = {"a": 1, "b": 2, "c": 3, "d": 4}
+    gens = {k: (torch.Generator().manual_seed(v), torch.Generator().manual_seed(v)) for k, v in seeds.items()}
+    for rnd in range(6):
+        if rnd == 3:  # "a" ends, "d" joins with a prompt longer than every cached row
+            batch.remove("a")
+            del ids["a"]
+            assert "a" not in batch.rows
+            ids["d"] = torch.randint(3, vocab, (1, 30), generator=gen)
+        keys = [k for k in ids if not (rnd == 4 and k == "b")]  # "b" is not drafted in round 4
+        requests = [RowRequest(k, ids[k], 4, params, gens[k][0] if temperature else None) for k in keys]
+        got = batch.propose(requests)
+        for key, out in zip(keys, got, strict=True):
+            solo = solos.setdefault(key, DiffusionProposer(m, gamma=6, steps=steps))
+            want = solo.propose(ids[key], 4, params, gens[key][1] if temperature else None)
+            assert out.tokens.tolist() == want.tokens.tolist(), (rnd, key)
+            torch.testing.assert_close(out.confidence, want.confidence, atol=1e-5, rtol=1e-4)
+            if temperature:
+                torch.testing.assert_close(out.probs, want.probs, atol=1e-5, rtol=1e-4)
+            else:
+                assert out.probs is None
+            assert batch.rows[key].length == ids[key].shape[1]  # committed tokens only: no block KV
+        for key in keys:  # commit 1 .. 4 tokens (re-draft "c" at the same length in round 2)
+            if not (rnd == 2 and key == "c"):
+                grow = int(torch.randint(1, 5, (1,), generator=gen))
+                ids[key] = torch.cat([ids[key], torch.randint(3, vocab, (1, grow), generator=gen)], 1)
+    assert batch.calls == 6 * steps
+    for key in list(ids):
+        batch.remove(key)
+    assert batch.rows == {} and batch.cache_bytes() == 0
+
+
+def test_batched_drafts_refuse_bad_requests(model):
+    from relaxspec.engine.proposers.diffusion import DiffusionBatch, RowRequest
+
+    batch = DiffusionBatch(model, gamma=4, steps=2, reveal="confidence")
+    ids = torch.tensor([[3, 4, 5]])
+    with pytest.raises(RelaxSpecError, match="cannot draft 5 tokens"):
+        batch.propose([RowRequest("a", ids, 5, greedy())])
+    with pytest.raises(RelaxSpecError, match="at most once"):
+        batch.propose([RowRequest("a", ids, 2, greedy()), RowRequest("a", ids, 2, greedy())])
+    with pytest.raises(RelaxSpecError, match="reveal='confidence'"):
+        batch.propose([RowRequest("a", ids, 2, SamplingParams(temperature=1.0))])
+    assert batch.rows == {}  # nothing joined by a refused call
+    assert batch.propose([]) == []

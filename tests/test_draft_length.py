@@ -295,8 +295,42 @@ def test_one_decision_holds_for_every_row_until_it_expires_or_the_batch_changes(
     now["t"] = 0.3
     assert policy.choose(8) == 0
     policy.cycles.cells = {key: v for key, v in policy.cycles.cells.items() if key[1] == 0}
-    rows["n"] = 2  # another batch-size bucket decides at once
+    rows["n"] = 2  # another batch-size bucket: from AR, it decides once it has held a while
+    assert policy.choose(8) == 0
+    now["t"] += policy.entry_seconds
     assert policy.choose(8) > 0
+
+
+def test_a_short_dip_of_the_batch_size_does_not_start_drafting():
+    """32 clients with equal-length requests: rows leave in waves and the batch dips to ~16 rows
+    for ~0.1 s before the next requests join. Drafting pays at 16 rows and not at 32, but a dip
+    that short must not switch the batch to drafting (each switch from AR costs a catch-up of the
+    draft model on every row and verifies that pad the batch: load test 0.89x AR at 32 clients,
+    1.01x with K forced to 0). A batch that stays at 16 rows drafts after ``entry_seconds``."""
+    rows, now = {"n": 32}, {"t": 0.0}
+    policy = cheap_draft_policy(
+        k_max=4, rows=lambda: rows["n"], decision_seconds=2.0, probe_interval=1e9, clock=lambda: now["t"]
+    )
+    for _ in range(20):
+        policy.observe(4, 4)
+    with_ar_baseline(policy, 16, 32)
+    ar16 = policy.windows.goodput(rows_bucket(16), 0)
+    policy.windows.add(rows_bucket(16), 3, tokens=1.5 * ar16 * 20, row_seconds=20.0, seconds=20.0)
+    ar32 = policy.windows.goodput(rows_bucket(32), 0)
+    policy.windows.add(rows_bucket(32), 3, tokens=0.7 * ar32 * 20, row_seconds=20.0, seconds=20.0)
+    picks = []
+    for step in range(390):  # 19.5 s of 0.05 s steps: a 0.1 s dip to 16 rows every 2 s
+        rows["n"] = 16 if step % 40 in (38, 39) else 32
+        picks.append(policy.choose(4))
+        now["t"] += 0.05
+    assert picks == [0] * 390
+    rows["n"] = 16  # the batch stays at 16 rows
+    stay = []
+    for _ in range(20):
+        stay.append(policy.choose(4))
+        now["t"] += 0.05
+    held = round(policy.entry_seconds / 0.05)
+    assert stay[:held] == [0] * held and all(k > 0 for k in stay[held + 1 :])
 
 
 def test_per_round_overhead_measured_at_ar_keeps_a_batch_at_ar():
@@ -499,7 +533,7 @@ def test_the_advantage_carried_to_larger_batches_follows_its_measured_trend():
     rows = {"n": 2}
     policy = GoodputDraftLength(
         CPU, CHEAP_DRAFT, k_max=4, rows=lambda: rows["n"], probe_interval=1e9, probe_window=0.0,
-        decision_seconds=0.0, settle_seconds=0.0,
+        decision_seconds=0.0, settle_seconds=0.0, entry_seconds=0.0,
     )  # fmt: skip
     for n, ratio in ((2, 1.3), (8, 1.1), (32, 1.2)):
         with_ar_baseline(policy, n, 8)

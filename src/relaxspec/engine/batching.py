@@ -252,9 +252,13 @@ class SharedCache:
             keep = n if req.keep == 0 else min(req.keep, n)
             req.result = logits[b : b + 1, n - keep : n]
             row.length += n
+        self.trim_and_compact()
+        del T
+
+    def trim_and_compact(self) -> None:
+        """After a forward: crop trailing all-hole columns; compact if holes outnumber valid slots."""
         self._trim_tail()
         self._compact_if_sparse()
-        del T
 
     def _truncate(self, length: int) -> None:
         for layer in _layers(self.cache):

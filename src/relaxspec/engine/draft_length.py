@@ -34,19 +34,20 @@ prediction against the seconds of windows behind the measurement); drafting must
 rows is left out of the windows: it is the same at every K.
 
 One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
-so the rows of a lockstep batch draft alike. A policy that stays on one side sees only that
-side's costs: after ``probe_interval`` seconds at K = 0 it drafts anyway (its best K > 0) for a
-``probe_window``, so that α and the cycle costs of K > 0 keep tracking the workload, and after as
-long drafting it runs AR steps for a window, so that the AR baseline does too (it is measured
-first, while a batch fills and every step also prefills joining rows, which makes AR look slower
-than it runs in steady state). A probe after which the choice stays on its side doubles the
-interval (up to ``max_probe_backoff`` ×); a change of side resets it. While drafting's measured
-advantage is marginal (under ``marginal_advantage``), AR is probed every
-``marginal_probe_interval`` seconds instead, so that both sides carry comparable evidence.
+so the rows of a lockstep batch draft alike. From K = 0, a batch size must hold for
+``entry_seconds`` before it may start drafting (the switch costs a catch-up of the draft model on
+every row; dips of the batch size as rows leave in waves last less than that). A policy that stays
+on one side sees only that side's costs: after ``probe_interval`` seconds at K = 0 it drafts
+anyway (its best K > 0) for a ``probe_window``, so that α and the cycle costs of K > 0 keep
+tracking the workload, and after as long drafting it runs AR steps for a window, so that the AR
+baseline does too (it is measured first, while a batch fills and every step also prefills joining
+rows, which makes AR look slower than it runs in steady state). A probe after which the choice
+stays on its side doubles the interval (up to ``max_probe_backoff`` ×); a change of side resets
+it. While drafting's measured advantage is marginal (under ``marginal_advantage``), AR is probed
+every ``marginal_probe_interval`` seconds instead, so that both sides carry comparable evidence.
 Probes are windows of time, not every n-th choice, so that all rows of a lockstep batch probe
-together: one drafting row would make the others' AR steps wait for it and make AR look as slow
-as speculation.
-"""
+together: one drafting row would make the others' AR steps wait for it and make AR look as slow as
+speculation."""
 
 from __future__ import annotations
 
@@ -406,6 +407,7 @@ class GoodputDraftLength:
     probe_window: float = 1.0  # seconds a probe lasts (settling, then evidence)
     max_probe_backoff: float = 32.0  # a probe that confirms the side doubles the interval, up to this
     settle_seconds: float = 0.2  # cycles ending this soon after a change of K are not measured
+    entry_seconds: float = 0.25  # at K = 0, a new batch size must hold this long before drafting
     integrate_seconds: float = 0.05  # a window's row-seconds are integrated at least this often
     draft_margin: float = 0.05  # drafting must beat AR's goodput by this much
     min_evidence_seconds: float = 0.5  # seconds of windows that establish a side (AR first; probes)
@@ -430,6 +432,7 @@ class GoodputDraftLength:
     _decided_at: float = float("-inf")
     _changed_at: float = float("-inf")
     _decided_bucket: int = -1
+    _entry_until: float = float("-inf")  # end of the running hold at AR after a change of batch size
     _window: _Window = field(default_factory=lambda: _Window(start=float("inf")))
     _predicted: dict[tuple[int, int], float] = field(default_factory=dict)  # (rows, K) -> seconds
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -475,6 +478,27 @@ class GoodputDraftLength:
         mixed choices would cost every row the largest K and blur the measured cycle costs."""
         self._close_window(now)
         self._predicted = {}
+        # From AR, drafting starts with a catch-up: every row feeds the draft model all it
+        # committed at K = 0, and the first verifies pad the whole batch. Batch sizes that last a
+        # fraction of a second (32 clients: rows leave in waves, the batch dips to ~16 rows for
+        # ~0.1 s) paid that for nothing (load test: 0.89x AR at 32 clients, 1.01x with K forced
+        # to 0). So at AR a change of batch size holds AR for ``entry_seconds`` (further changes
+        # meanwhile do not restart it: a batch flipping between two sizes still decides), then
+        # the next choice decides.
+        if self._entry_until > float("-inf"):
+            if now < self._entry_until:
+                self._hold_ar(bucket, now, self._entry_until - now)
+                return
+            self._entry_until = float("-inf")
+        elif (
+            self.entry_seconds > 0
+            and self._decision == 0
+            and 0 <= self._decided_bucket != bucket
+            and now >= self._probe_until
+        ):
+            self._entry_until = now + self.entry_seconds
+            self._hold_ar(bucket, now, self.entry_seconds)
+            return
         advantage = self._smaller_batch_advantage(bucket)  # what smaller batches credit drafting with
         goodput = self._goodputs(rows, bucket, advantage)
         best_drafting = 1 + int(np.argmax(goodput[1:]))
@@ -519,6 +543,11 @@ class GoodputDraftLength:
         start = now + self.settle_seconds if k != self._decision else now
         self._window = _Window(start=start, paused=self.paused())
         self._decision, self._decided_at, self._decided_bucket = k, held_from, bucket
+
+    def _hold_ar(self, bucket: int, now: float, seconds: float) -> None:
+        """Stay at K = 0 in ``bucket`` for ``seconds``; then the next choice decides."""
+        self._window = _Window(start=now, paused=self.paused())
+        self._decided_at, self._decided_bucket = now - self.decision_seconds + seconds, bucket
 
     def _probe_wait(self, bucket: int, drafting: bool) -> float:
         """Seconds on one side before probing the other. While drafting with a measured advantage

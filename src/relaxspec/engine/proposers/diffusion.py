@@ -39,13 +39,15 @@ Sampling-mode exactness (DESIGN §4). An exact (or closed-form relaxed) rule nee
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from relaxspec.core.sampling import SamplingParams, check_finite, processed_probs, sample
-from relaxspec.engine.kv import CachedLM, cache_argument
+from relaxspec.engine.kv import CachedLM, cache_argument, new_cache
 from relaxspec.engine.packed import packed_forward
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.errors import RelaxSpecError
@@ -130,6 +132,46 @@ def check_drafter(model: PreTrainedModel, mask_token_id: int) -> None:
         raise RelaxSpecError(f"mask token id {mask_token_id!r} is outside the drafter's vocabulary ({vocab})")
 
 
+def drafter_hidden(
+    model: PreTrainedModel,
+    cache: Any,
+    tokens: torch.Tensor,
+    allowed: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """One drafter forward with an explicit mask: final (normed) hidden states ``[B, Q, H]``.
+
+    tokens, positions: LongTensor[B, Q]; allowed: BoolTensor[B|1, 1, Q, KV] (True = may attend),
+    KV = the cache's length + Q. The cache grows by Q positions.
+    """
+    packed = packed_forward(model)
+    device = next(model.parameters()).device
+    dtype = torch.float32 if packed is not None else next(model.parameters()).dtype
+    bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min).to(device)
+    if packed is not None:
+        return packed.hidden(tokens.to(device), cache, attention_mask=bias, position_ids=positions.to(device))
+    decoder = model.get_decoder()
+    return decoder(
+        input_ids=tokens.to(device),
+        attention_mask=bias,
+        position_ids=positions.to(device),
+        use_cache=True,
+        **cache_argument(decoder, cache),
+    ).last_hidden_state
+
+
+def drafter_logits(
+    model: PreTrainedModel, hidden: torch.Tensor, name: str = "diffusion drafter"
+) -> torch.Tensor:
+    """LM head on hidden states ``[..., H]`` -> float32 logits ``[..., V]`` (finite-checked)."""
+    packed = packed_forward(model)
+    with torch.inference_mode():
+        head = packed.logits if packed is not None else model.get_output_embeddings()
+        logits = head(hidden).float()
+    check_finite(logits, f"the {name}")
+    return logits
+
+
 class DiffusionLM(CachedLM):
     """:class:`CachedLM` plus forwards with an explicit 4D mask and position ids.
 
@@ -151,33 +193,16 @@ class DiffusionLM(CachedLM):
                 f"window of {self.context_length}"
             )
         assert n_fed == n_committed - cached + gamma, "fed tokens must be (uncached committed, block)"
-        packed = packed_forward(self.model)
-        dtype = torch.float32 if packed is not None else next(self.model.parameters()).dtype
-        bias = inference_bias(cached, n_committed, gamma, dtype).to(self.device)
-        positions = torch.arange(cached, n_committed + gamma, device=self.device)[None]
-        if packed is not None:
-            hidden = packed.hidden(tokens, self.cache, attention_mask=bias, position_ids=positions)
-        else:
-            decoder = self.model.get_decoder()
-            hidden = decoder(
-                input_ids=tokens.to(self.device),
-                attention_mask=bias,
-                position_ids=positions,
-                use_cache=True,
-                **cache_argument(decoder, self.cache),
-            ).last_hidden_state
+        allowed = inference_bias(cached, n_committed, gamma, torch.float32) == 0
+        positions = torch.arange(cached, n_committed + gamma)[None]
+        hidden = drafter_hidden(self.model, self.cache, tokens, allowed, positions)
         self.calls += 1
         self.length += n_fed
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on hidden states ``[..., H]`` -> float32 logits ``[..., V]`` (finite-checked)."""
-        packed = packed_forward(self.model)
-        with torch.inference_mode():
-            head = packed.logits if packed is not None else self.model.get_output_embeddings()
-            logits = head(hidden).float()
-        check_finite(logits, f"the {self.name}")
-        return logits
+        return drafter_logits(self.model, hidden, self.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,9 +237,109 @@ def _margin(q: torch.Tensor) -> torch.Tensor:
     return top2[..., 0] - top2[..., 1]
 
 
+def reveal_order_for(reveal: str, steps: int, params: SamplingParams) -> str:
+    """The reveal order a request uses; errors on the inexact sampling combination (module doc)."""
+    if reveal == "auto":
+        return "confidence" if params.greedy else "left_to_right"
+    if reveal == "confidence" and not params.greedy and steps > 1:
+        raise RelaxSpecError(
+            "reveal='confidence' with steps > 1 draws tokens whose law depends on tokens to their "
+            "right, so sampling-mode verification (temperature > 0) would not be exact; use "
+            "reveal='left_to_right' (or 'auto'), steps=1, or temperature 0"
+        )
+    return reveal
+
+
+class BlockDenoiser:
+    """One request's block being denoised: γ slots, which are revealed, and with what.
+
+    Each of the S steps hands :meth:`reveal` the drafter's predictors ``[γ, H]`` (the hidden state
+    that predicts each slot: the last committed token's for slot 1, slot j − 1's for slot j) and
+    their logits ``[γ, V]``; the step samples a candidate for every still-masked slot and reveals
+    ``ceil(remaining / steps_left)`` of them in ``order``. :attr:`block` is what the next step feeds.
+    """
+
+    def __init__(
+        self,
+        gamma: int,
+        steps: int,
+        order: str,
+        mask_token_id: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        hidden_size: int,
+        vocab: int,
+    ) -> None:
+        self.gamma, self.steps, self.order = gamma, steps, order
+        self.params, self.generator = params, generator
+        self.block = torch.full((gamma,), mask_token_id, dtype=torch.long)  # fed at the next step
+        self.masked = torch.ones(gamma, dtype=torch.bool)
+        self.tokens = torch.zeros(gamma, dtype=torch.long)
+        self.conf, self.ent, self.margin = torch.zeros(gamma), torch.zeros(gamma), torch.zeros(gamma)
+        self.step_of = torch.zeros(gamma, dtype=torch.long)
+        self.hidden_at = torch.zeros(gamma, hidden_size)
+        self.probs_at = None if params.greedy else torch.zeros(gamma, vocab)
+
+    def reveal(self, s: int, predictors: torch.Tensor, logits: torch.Tensor) -> None:
+        """Denoising step ``s``: sample candidates from ``logits[γ, V]``, reveal some of them."""
+        q = processed_probs(logits, self.params)  # [γ, V]
+        cand = sample(q, self.generator, self.params.greedy)  # [γ]
+        cand_conf = q.gather(-1, cand[:, None]).squeeze(-1)
+        n = reveal_count(int(self.masked.sum()), self.steps - s)
+        chosen = choose_reveal(self.masked, cand_conf, n, self.order)
+        self.tokens[chosen], self.conf[chosen], self.step_of[chosen] = cand[chosen], cand_conf[chosen], s
+        self.ent[chosen], self.margin[chosen] = _entropy(q[chosen]), _margin(q[chosen])
+        self.hidden_at[chosen] = predictors[chosen].float()
+        if self.probs_at is not None:
+            self.probs_at[chosen] = q[chosen]
+        self.masked[chosen] = False
+        self.block[chosen] = cand[chosen]
+
+    def proposal(self, k: int) -> Proposal:
+        """The block's first ``k`` tokens, their laws ``q`` (sampling) and features."""
+        assert not self.masked.any()
+        position = torch.arange(1, self.gamma + 1, dtype=torch.float32)
+        features = {
+            "hidden": self.hidden_at[None, :k],
+            "confidence": self.conf[None, :k],
+            "entropy": self.ent[None, :k],
+            "margin": self.margin[None, :k],
+            "position": position[None, :k],
+            "reveal_step": self.step_of[None, :k].float(),
+            "steps": torch.full((1, k), float(self.steps)),
+            "block_length": torch.full((1, k), float(self.gamma)),
+        }
+        return Proposal(
+            tokens=self.tokens[None, :k],
+            probs=None if self.probs_at is None else self.probs_at[None, :k],
+            confidence=self.conf[None, :k],
+            features=features,
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # The proposer
 # ---------------------------------------------------------------------------------------------
+
+
+def _settings(model: PreTrainedModel, gamma: int | None, steps: int | None, reveal: str, mask: int | None):
+    """Validated ``(gamma, steps, reveal, mask_token_id)``, defaults from the drafter's config."""
+    cfg = model.config
+    if gamma is None:
+        gamma = getattr(cfg, CFG_GAMMA, None) or getattr(cfg, CFG_BLOCK, None)
+    if steps is None:
+        steps = getattr(cfg, CFG_STEPS, None) or (max(1, gamma // 4) if isinstance(gamma, int) else None)
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+        raise RelaxSpecError(f"gamma (diffusion block length) must be an integer >= 1, got {gamma!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= gamma:
+        raise RelaxSpecError(
+            f"steps (denoising steps) must be an integer in [1, gamma={gamma}], got {steps!r}"
+        )
+    if reveal not in REVEAL_ORDERS:
+        raise RelaxSpecError(f"reveal must be one of {', '.join(REVEAL_ORDERS)}, got {reveal!r}")
+    mask = mask if mask is not None else getattr(cfg, CFG_MASK, 2)
+    check_drafter(model, mask)
+    return gamma, steps, reveal, mask
 
 
 class DiffusionProposer:
@@ -239,23 +364,10 @@ class DiffusionProposer:
         reveal: str = "auto",
         mask_token_id: int | None = None,
     ) -> None:
-        cfg = model.config
-        if gamma is None:
-            gamma = getattr(cfg, CFG_GAMMA, None) or getattr(cfg, CFG_BLOCK, None)
-        if steps is None:
-            steps = getattr(cfg, CFG_STEPS, None) or (max(1, gamma // 4) if isinstance(gamma, int) else None)
-        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
-            raise RelaxSpecError(f"gamma (diffusion block length) must be an integer >= 1, got {gamma!r}")
-        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= gamma:
-            raise RelaxSpecError(
-                f"steps (denoising steps) must be an integer in [1, gamma={gamma}], got {steps!r}"
-            )
-        if reveal not in REVEAL_ORDERS:
-            raise RelaxSpecError(f"reveal must be one of {', '.join(REVEAL_ORDERS)}, got {reveal!r}")
-        mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, CFG_MASK, 2)
-        check_drafter(model, mask_token_id)
+        self.gamma, self.steps, self.reveal, self.mask_token_id = _settings(
+            model, gamma, steps, reveal, mask_token_id
+        )
         self.lm = DiffusionLM(model, name="diffusion drafter")
-        self.gamma, self.steps, self.reveal, self.mask_token_id = gamma, steps, reveal, mask_token_id
 
     @property
     def calls(self) -> int:
@@ -269,15 +381,7 @@ class DiffusionProposer:
 
     def reveal_order(self, params: SamplingParams) -> str:
         """The reveal order used for a request; errors on the inexact sampling combination."""
-        if self.reveal == "auto":
-            return "confidence" if params.greedy else "left_to_right"
-        if self.reveal == "confidence" and not params.greedy and self.steps > 1:
-            raise RelaxSpecError(
-                "reveal='confidence' with steps > 1 draws tokens whose law depends on tokens to their "
-                "right, so sampling-mode verification (temperature > 0) would not be exact; use "
-                "reveal='left_to_right' (or 'auto'), steps=1, or temperature 0"
-            )
-        return self.reveal
+        return reveal_order_for(self.reveal, self.steps, params)
 
     def propose(
         self, ids: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
@@ -294,51 +398,220 @@ class DiffusionProposer:
         steps = min(self.steps, gamma)
         if self.lm.length >= n:
             self.lm.rollback(n - 1)  # re-feed the last committed token: its hidden state predicts d_1
-        block = torch.full((1, gamma), self.mask_token_id, dtype=torch.long)
-        masked = torch.ones(gamma, dtype=torch.bool)
-        H = self.lm.model.config.hidden_size
-        tokens = torch.zeros(gamma, dtype=torch.long)
-        conf, ent, margin = torch.zeros(gamma), torch.zeros(gamma), torch.zeros(gamma)
-        step_of = torch.zeros(gamma, dtype=torch.long)
-        hidden_at = torch.zeros(gamma, H)
-        probs_at = None if params.greedy else torch.zeros(gamma, self.lm.model.config.vocab_size)
+        config = self.lm.model.config
+        block = BlockDenoiser(
+            gamma, steps, order, self.mask_token_id, params, generator, config.hidden_size, config.vocab_size
+        )
         first_hidden = None  # hidden state of the last committed token (predicts d_1), step 0 only
         for s in range(steps):
-            fed = torch.cat([ids[:, self.lm.length :], block], dim=1) if s == 0 else block
+            fed = block.block[None]
+            if s == 0:
+                fed = torch.cat([ids[:, self.lm.length :], fed], dim=1)
             hidden = self.lm.forward_block(fed, n, gamma)[0]  # [Q, H], model dtype
             if s == 0:
                 first_hidden = hidden[-gamma - 1]
             predictors = torch.cat([first_hidden[None], hidden[-gamma:-1]], dim=0)  # [γ, H]
             self.lm.rollback(n)  # the block slots' KV never survives a step
-            q = processed_probs(self.lm.logits(predictors), params)  # [γ, V]
-            cand = sample(q, generator, params.greedy)  # [γ]
-            cand_conf = q.gather(-1, cand[:, None]).squeeze(-1)
-            chosen = choose_reveal(masked, cand_conf, reveal_count(int(masked.sum()), steps - s), order)
-            tokens[chosen], conf[chosen], step_of[chosen] = cand[chosen], cand_conf[chosen], s
-            ent[chosen], margin[chosen] = _entropy(q[chosen]), _margin(q[chosen])
-            hidden_at[chosen] = predictors[chosen].float()
-            if probs_at is not None:
-                probs_at[chosen] = q[chosen]
-            masked[chosen] = False
-            block[0, chosen] = cand[chosen]
-        assert not masked.any()
-        position = torch.arange(1, gamma + 1, dtype=torch.float32)
-        features = {
-            "hidden": hidden_at[None, :k],
-            "confidence": conf[None, :k],
-            "entropy": ent[None, :k],
-            "margin": margin[None, :k],
-            "position": position[None, :k],
-            "reveal_step": step_of[None, :k].float(),
-            "steps": torch.full((1, k), float(steps)),
-            "block_length": torch.full((1, k), float(gamma)),
-        }
-        return Proposal(
-            tokens=tokens[None, :k],
-            probs=None if probs_at is None else probs_at[None, :k],
-            confidence=conf[None, :k],
-            features=features,
+            block.reveal(s, predictors, self.lm.logits(predictors))
+        return block.proposal(k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Many requests at once
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class DraftRow:
+    """One request's row in a :class:`DiffusionBatch`: ``length`` committed tokens are cached."""
+
+    key: str
+    length: int = 0
+
+
+@dataclass
+class RowRequest:
+    """Draft ``k`` tokens after ``ids[1, n]`` for the request ``key``."""
+
+    key: str
+    ids: torch.Tensor
+    k: int
+    params: SamplingParams
+    generator: torch.Generator | None = None
+
+
+class DiffusionBatch:
+    """The diffusion drafter for many requests at once: S batched forwards draft every block.
+
+    Each request is a row of one position-indexed cache of committed tokens
+    (:class:`~relaxspec.engine.batching.SharedCache`: per-row validity masks and logical positions,
+    holes compacted when they outnumber valid slots). A row's first draft prefills its committed
+    tokens alone (a long prompt never pads the batch) and joins; every later draft feeds, for every
+    drafted row at once, the committed tokens its cache lacks and its γ block slots (step 0), then
+    the γ slots alone (steps 1 .. S − 1); the block slots are cropped after each step, as in
+    :meth:`DiffusionProposer.propose`, whose per-row decoding (:class:`BlockDenoiser`) it shares:
+    a row's draft equals the one a :class:`DiffusionProposer` makes for it alone (up to
+    floating-point summation order). :meth:`remove` frees a finished request's row.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        gamma: int | None = None,
+        steps: int | None = None,
+        reveal: str = "auto",
+        mask_token_id: int | None = None,
+    ) -> None:
+        from relaxspec.engine.batching import SharedCache  # the batched-cache bookkeeping
+
+        self.model = model
+        self.gamma, self.steps, self.reveal, self.mask_token_id = _settings(
+            model, gamma, steps, reveal, mask_token_id
         )
+        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.shared = SharedCache(model)
+        self.rows: dict[str, DraftRow] = {}
+        self.calls = 0  # batched drafter forwards (joining rows' prefills not counted)
+
+    def reveal_order(self, params: SamplingParams) -> str:
+        return reveal_order_for(self.reveal, self.steps, params)
+
+    def remove(self, key: str) -> None:
+        """Free the row of request ``key`` (no-op if it has none)."""
+        row = self.rows.pop(key, None)
+        if row is not None:
+            self.shared.remove(row)
+
+    def cache_bytes(self) -> int:
+        """Bytes of the shared cache's buffers (0 once every row is freed)."""
+        cache = self.shared.cache
+        total = 0
+        for layer in getattr(cache, "layers", None) or []:
+            pair = (
+                (layer._key_rows, layer._value_rows)
+                if hasattr(layer, "_key_rows")
+                else (layer.keys, layer.values)
+            )
+            total += sum(t.numel() * t.element_size() for t in pair if isinstance(t, torch.Tensor))
+        return total
+
+    @torch.inference_mode()
+    def propose(self, requests: list[RowRequest]) -> list[Proposal]:
+        """One proposal per request, in order (each request's key at most once).
+
+        Costs one prefill per joining row, then S batched forwards for all of them.
+        """
+        if not requests:
+            return []
+        if len({r.key for r in requests}) != len(requests):
+            raise RelaxSpecError("a request may be drafted at most once per batch")
+        gamma = min(min(self.gamma, self.context_length - r.ids.shape[1]) for r in requests)
+        for r in requests:
+            if not 1 <= r.k <= gamma:
+                raise RelaxSpecError(
+                    f"cannot draft {r.k} tokens with a block of {gamma} (gamma={self.gamma})"
+                )
+        orders = [self.reveal_order(r.params) for r in requests]  # fails before any state changes
+        steps = min(self.steps, gamma)
+        joined = [self._row_for(r) for r in requests]  # (row, last token's hidden state if it joined now)
+        rows = [row for row, _ in joined]
+        size, vocab = self.model.config.hidden_size, self.model.config.vocab_size
+        blocks = [
+            BlockDenoiser(gamma, steps, order, self.mask_token_id, r.params, r.generator, size, vocab)
+            for r, order in zip(requests, orders, strict=True)
+        ]
+        first: torch.Tensor | None = None  # [R, H]: hidden state of each row's last committed token
+        for s in range(steps):
+            fresh = (
+                [r.ids[0, row.length :] for r, row in zip(requests, rows, strict=True)] if s == 0 else None
+            )
+            hidden, offset = self._forward(
+                rows, fresh, [b.block for b in blocks], [r.ids.shape[1] for r in requests]
+            )
+            if fresh is not None:  # a known row's last committed token is its last fresh slot
+                first = torch.stack(
+                    [h if h is not None else hidden[i, len(fresh[i]) - 1] for i, (_, h) in enumerate(joined)]
+                )
+            assert first is not None
+            predictors = torch.cat(
+                [first[:, None].to(hidden.dtype), hidden[:, offset : offset + gamma - 1]], dim=1
+            )
+            logits = drafter_logits(self.model, predictors)  # [R, γ, V]
+            for i, block in enumerate(blocks):
+                block.reveal(s, predictors[i], logits[i])
+        return [block.proposal(r.k) for block, r in zip(blocks, requests, strict=True)]
+
+    def _row_for(self, request: RowRequest) -> tuple[DraftRow, torch.Tensor | None]:
+        """The request's row and, for a row that joins now, its last committed token's hidden
+        state ``[H]`` (a joining row's committed tokens are prefilled alone, all of them; a known
+        row keeps at most all but the last, whose hidden state the next forward recomputes)."""
+        n = request.ids.shape[1]
+        row = self.rows.get(request.key)
+        if row is not None:
+            if row.length >= n:
+                self.shared.rollback(row, n - 1)
+                row.length = n - 1
+            return row, None
+        single = new_cache(self.model)
+        causal = inference_bias(0, n, 0, torch.float32) == 0
+        hidden = drafter_hidden(self.model, single, request.ids, causal, torch.arange(n)[None])
+        row = self.rows[request.key] = DraftRow(request.key, length=n)
+        self.shared.insert(row, single, n)
+        return row, hidden[0, -1]
+
+    def _forward(
+        self,
+        rows: list[DraftRow],
+        fresh: list[torch.Tensor] | None,
+        blocks: list[torch.Tensor],
+        committed: list[int],
+    ) -> tuple[torch.Tensor, int]:
+        """One batched drafter forward over every row of the shared cache.
+
+        Drafted row i (``rows[i]``, ``committed[i]`` tokens committed) feeds ``fresh[i]``, the
+        committed tokens its cache lacks (step 0 only), then its γ block slots ``blocks[i]``;
+        other rows feed holes. A fresh slot attends causally (its row's valid cached slots and
+        the fresh slots up to its own), a block slot to all of its row's committed slots and to
+        the whole block (:func:`attention_bias`); a hole only to itself. Returns the drafted
+        rows' hidden states ``[R, L + γ, H]`` and ``L``, the block's offset; the fresh slots stay
+        in the cache (as valid slots of their rows), the block slots are cropped.
+        """
+        shared = self.shared
+        B, T, gamma = len(shared.rows), shared.physical_length, blocks[0].shape[0]
+        L = max((len(f) for f in fresh), default=0) if fresh is not None else 0
+        Q = L + gamma
+        at = {id(row): b for b, row in enumerate(shared.rows)}
+        tokens = torch.zeros((B, Q), dtype=torch.long)
+        positions = torch.zeros((B, Q), dtype=torch.long)
+        fed = torch.zeros((B, L), dtype=torch.bool)  # valid fresh committed slots
+        in_block = torch.zeros((B, 1), dtype=torch.bool)  # drafted rows
+        for i, row in enumerate(rows):
+            b, f = at[id(row)], 0 if fresh is None else len(fresh[i])
+            if f:
+                tokens[b, :f], positions[b, :f], fed[b, :f] = fresh[i], row.length + torch.arange(f), True
+            tokens[b, L:], positions[b, L:] = blocks[i], committed[i] + torch.arange(gamma)
+            in_block[b] = True
+        committed_keys = torch.cat([shared.valid, fed], dim=1)  # [B, T + L]
+        allowed = torch.zeros((B, Q, T + Q), dtype=torch.bool)
+        allowed[:, :L, : T + L] = fed[:, :, None] & committed_keys[:, None, :]
+        allowed[:, :L, T : T + L] &= torch.ones(L, L, dtype=torch.bool).tril()
+        allowed[:, L:, : T + L] = in_block[:, :, None] & committed_keys[:, None, :]
+        allowed[:, L:, T + L :] = in_block[:, :, None]
+        slot = torch.arange(Q)
+        allowed[:, slot, T + slot] |= ~torch.cat(
+            [fed, in_block.expand(B, gamma)], dim=1
+        )  # holes see themselves
+        hidden = drafter_hidden(self.model, shared.cache, tokens, allowed[:, None], positions)
+        self.calls += 1
+        shared.cache.crop(-gamma)  # the block slots' KV never survives a step
+        shared.valid = torch.cat([shared.valid, fed], dim=1)
+        shared.position = torch.cat([shared.position, torch.where(fed, positions[:, :L], -1)], dim=1)
+        for i, row in enumerate(rows):
+            row.length += 0 if fresh is None else len(fresh[i])
+        drafted = hidden[[at[id(row)] for row in rows]]
+        if L:
+            shared.trim_and_compact()
+        return drafted, L
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,10 +30,11 @@ drafter return ``softmax(logits)`` alongside its argmax drafts (same tokens), so
 "relaxspec.integrations.vllm.proposers.DiffusionDrafter", "num_speculative_tokens": γ}``; the
 drafter directory, γ, S and the reveal order travel in ``additional_config["relaxspec_diffusion"]``.
 It cannot be a vLLM draft model: it attends bidirectionally inside the block and unmasks it in S
-passes. :class:`DiffusionDrafter` keeps one :class:`~relaxspec.engine.proposers.diffusion.
-DiffusionProposer` (its own context KV cache, rolled back to the committed length) per request id,
-created on the request's first draft and freed when vLLM reports the request finished (the plugin
-hooks the model runner's ``_update_states``), and hands each row's real ``q`` (the law each token
+passes. :class:`DiffusionDrafter` drafts every row of a step together
+(:class:`~relaxspec.engine.proposers.diffusion.DiffusionBatch`: one context KV cache with a row
+per request id, S batched forwards per step), the row created on the request's first draft and
+freed when vLLM reports the request finished (the plugin hooks the model runner's
+``_update_states``), and hands each row's real ``q`` (the law each token
 was drawn from; reveal order as in our engine: confidence when greedy, left to right when
 sampling) to the acceptance step. vLLM gives a custom proposer no request ids and collects no
 draft probabilities from it, so the plugin binds the model runner to it before each ``propose``
@@ -41,10 +42,12 @@ and moves :meth:`DiffusionDrafter.take_last_draft_probs` into the runner's draft
 afterwards (``relaxspec.integrations.vllm._install``).
 
 Memory outside vLLM's KV budget (``VLLM_CPU_KVCACHE_SPACE``): the drafter's weights (float32,
-5.1M parameters = 20 MB for the bundled one) once per worker, plus per live request its context
-cache: ``2 · layers · hidden · 4`` bytes per cached token (6 KiB for the bundled drafter;
-buffers start at 256 positions and double, so 1.5 MiB for a short request, at most 6 MiB at the
-1024-token context). :meth:`DiffusionDrafter.state_info` reports the live bytes.
+5.1M parameters = 20 MB for the bundled one) once per worker, plus the shared context cache:
+``2 · layers · hidden · 4`` bytes per slot (6 KiB for the bundled drafter) × (live rows + up to
+half as many spare rows) × slots, the longest row's length plus holes (compacted when they
+outnumber valid slots); buffers start at 256 slots and double, so 1.5 MiB per short request, at
+most 6 MiB per row at the 1024-token context. :meth:`DiffusionDrafter.state_info` reports the
+live bytes (0 once every request is freed).
 
 Verifier skipping (``sdd-skip``, ``sdd-periodic``, ``mars``) stays in relaxspec's own engine: vLLM
 runs the target on every scheduled step and no seam lets a proposer commit tokens unverified.
@@ -250,20 +253,20 @@ class OwnCacheDrafter:
                 f"{type(self).__name__} needs the relaxspec vLLM plugin loaded (it binds the model runner)"
             )
         req_ids = list(runner.input_batch.req_ids)
-        drafts: list[list[int]] = []
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         rows: list[tuple[int, torch.Tensor]] = []
         with self._lock:
+            wanted: list[tuple[int, str, torch.Tensor, int]] = []  # (row, request id, ids [1, n], k)
             for i, sampled in enumerate(sampled_token_ids):
                 n = int(num_tokens_no_spec[i])
                 k = min(self.k, self.max_model_len - 1 - n, self.model.config.max_position_embeddings - n)
-                if not sampled or k < 1 or i >= len(req_ids):
-                    drafts.append([])
-                    continue
-                state = self._state(req_ids[i])
-                ids = torch.as_tensor(token_ids_cpu[i, :n], dtype=torch.long)[None]
-                with torch.inference_mode():
-                    proposal = state.proposer.propose(ids, k, state.params, state.generator)
-                drafts.append(proposal.tokens[0].tolist())
+                if sampled and k >= 1 and i < len(req_ids):
+                    ids = torch.as_tensor(token_ids_cpu[i, :n], dtype=torch.long)[None]
+                    wanted.append((i, req_ids[i], ids, k))
+            with torch.inference_mode():
+                proposals = self._draft([(req_id, ids, k) for _, req_id, ids, k in wanted])
+            for (i, *_), proposal in zip(wanted, proposals, strict=True):
+                drafts[i] = proposal.tokens[0].tolist()
                 if proposal.probs is not None:
                     rows.append((i, proposal.probs[0]))
         self._last_draft_probs = None
@@ -274,6 +277,15 @@ class OwnCacheDrafter:
                 probs[i, : q.shape[0]] = q
             self._last_draft_probs = probs
         return drafts
+
+    def _draft(self, wanted: list[tuple[str, torch.Tensor, int]]) -> list[Any]:
+        """One proposal per ``(request id, committed ids [1, n], k)``: each request's own proposer,
+        one after another."""
+        proposals = []
+        for req_id, ids, k in wanted:
+            state = self._state(req_id)
+            proposals.append(state.proposer.propose(ids, k, state.params, state.generator))
+        return proposals
 
     # -- per-request state -----------------------------------------------------------------------
 
@@ -295,8 +307,12 @@ class OwnCacheDrafter:
         with self._lock:
             for req_id in req_ids or ():
                 if self.states.pop(req_id, None) is not None:
+                    self._forget(req_id)
                     self.freed += 1
                     self._event("free", req_id)
+
+    def _forget(self, req_id: str) -> None:
+        """Free what a subclass keeps for a request outside its state (nothing here)."""
 
     def _event(self, what: str, req_id: str) -> None:
         self.events.append((what, req_id, len(self.states)))
@@ -306,6 +322,8 @@ class OwnCacheDrafter:
         """Bytes of the live requests' drafter caches (position-indexed buffers or dynamic layers)."""
         total = 0
         for state in self.states.values():
+            if state.proposer is None:
+                continue
             for layer in getattr(state.proposer.lm.cache, "layers", None) or []:
                 pair = (layer._keys, layer._values) if hasattr(layer, "_keys") else (layer.keys, layer.values)
                 total += sum(t.numel() * t.element_size() for t in pair if isinstance(t, torch.Tensor))
@@ -333,7 +351,10 @@ class DiffusionDrafter(OwnCacheDrafter):
     """relaxspec's masked-diffusion drafter as a vLLM custom proposer.
 
     Options in ``additional_config["relaxspec_diffusion"]``: ``path``, ``gamma``, ``steps``,
-    ``reveal``; ``K ≤ γ``.
+    ``reveal``; ``K ≤ γ``. Every row of a step is drafted at once
+    (:class:`~relaxspec.engine.proposers.diffusion.DiffusionBatch`: S batched forwards over one
+    shared context cache, a joining request's prompt prefilled alone); a request's state is its
+    sampling parameters and generator, and its row of that cache.
     """
 
     config_key = CONFIG_KEY
@@ -343,20 +364,21 @@ class DiffusionDrafter(OwnCacheDrafter):
         super().__init__(vllm_config)
         self.gamma, self.steps = self.options.get("gamma"), self.options.get("steps")
         self.reveal = self.options.get("reveal") or "auto"
+        self.batch: Any = None
 
     def _load(self) -> Any:
-        from relaxspec.engine.proposers.diffusion import DiffusionProposer
+        from relaxspec.engine.proposers.diffusion import DiffusionBatch
         from relaxspec.methods import load_role
 
         model = load_role("diffusion", self.path).model  # with relaxspec's decoding kernels
-        probe = DiffusionProposer(model, self.gamma, self.steps, self.reveal)  # validates γ, S, reveal
-        self.gamma, self.steps = probe.gamma, probe.steps
+        self.batch = DiffusionBatch(model, self.gamma, self.steps, self.reveal)  # validates γ, S, reveal
+        self.gamma, self.steps = self.batch.gamma, self.batch.steps
         if self.k > self.gamma:
             raise RelaxSpecError(
                 f"num_speculative_tokens ({self.k}) exceeds the diffusion block length gamma ({self.gamma})"
             )
         log.info(
-            "relaxspec diffusion drafter %s: gamma=%d steps=%d k=%d",
+            "relaxspec diffusion drafter %s: gamma=%d steps=%d k=%d (rows drafted together)",
             self.path,
             self.gamma,
             self.steps,
@@ -365,11 +387,24 @@ class DiffusionDrafter(OwnCacheDrafter):
         return model
 
     def _new_proposer(self, params: SamplingParams) -> Any:
-        from relaxspec.engine.proposers.diffusion import DiffusionProposer
+        self.batch.reveal_order(params)  # clear error for an inexact combination
+        return None  # the request's row lives in self.batch
 
-        proposer = DiffusionProposer(self.model, self.gamma, self.steps, self.reveal)
-        proposer.reveal_order(params)  # clear error for an inexact combination
-        return proposer
+    def _draft(self, wanted: list[tuple[str, torch.Tensor, int]]) -> list[Any]:
+        from relaxspec.engine.proposers.diffusion import RowRequest
+
+        requests = []
+        for req_id, ids, k in wanted:
+            state = self._state(req_id)
+            requests.append(RowRequest(req_id, ids, k, state.params, state.generator))
+        return self.batch.propose(requests)
+
+    def _forget(self, req_id: str) -> None:
+        if self.batch is not None:
+            self.batch.remove(req_id)
+
+    def state_bytes(self) -> int:
+        return self.batch.cache_bytes() if self.batch is not None else 0
 
     def _info(self) -> dict[str, Any]:
         return {"gamma": self.gamma, "steps": self.steps}
