@@ -80,6 +80,20 @@ def test_generate_bad_input(model_dirs, args, message):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--k-schedule", "1-4:4,5-64:0"], "--k-schedule is for --engine vllm"),
+        (["--engine", "vllm", "--method", "sdd", "--k-schedule", "2-4:8"], "must start at batch size 1"),
+    ],
+)
+def test_serve_k_schedule_bad_input(args, message):
+    """Refused with one message before any model or server starts."""
+    r = run_cli("serve", *args, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_generate_missing_model_dir(tmp_path):
     r = run_cli("generate", "--target", str(tmp_path / "x"), "--draft", str(tmp_path / "y"), "w1")
     assert r.returncode == 2 and "model directory not found" in r.stderr

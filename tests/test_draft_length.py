@@ -261,6 +261,10 @@ def test_pool_shares_one_policy_per_method_and_reports_choices(target, draft):
     for t in threads:
         t.join(timeout=120)
     assert [outputs[i] for i in range(4)] == [fixed.submit(f"w{i} w1", params).tokens for i in range(4)]
+    assert pool._load() == 0  # every request counted in flight while it was set up or ran, and out after
+    seen = []
+    pool.submit("w1", params, on_chunk=lambda text, ids: seen.append(pool._load()))
+    assert seen and set(seen) == {1}
     stats = pool.draft_length_stats()
     assert list(stats) == ["sd T=0.0"] and sum(stats["sd T=0.0"].values()) > 0
     assert fixed.draft_length_stats() == {}
@@ -724,3 +728,29 @@ def test_a_marginal_drafting_advantage_keeps_ar_measured(ratio, probes):
     if probes:
         starts = [i for i in range(1, 40) if picks[i] == 0 and picks[i - 1] > 0]
         assert len(starts) >= 2 and all(b - a <= 16 for a, b in itertools.pairwise(starts))
+
+
+def test_decisions_follow_the_load_while_a_wave_of_requests_joins():
+    """32 clients: between waves of requests the batch runs with ~8-12 rows for ~0.3 s while the
+    next requests are set up and prefilled one by one. The server still holds ~32 requests: the
+    decision is for 32 rows (AR here), not for the transient batch size (drafting there)."""
+    rows, load, now = {"n": 32}, {"n": 32}, {"t": 0.0}
+    policy = cheap_draft_policy(
+        k_max=4, rows=lambda: rows["n"], load=lambda: load["n"], decision_seconds=2.0, probe_interval=1e9,
+        entry_seconds=0.0, clock=lambda: now["t"],
+    )  # fmt: skip
+    for _ in range(20):
+        policy.observe(4, 4)
+    with_ar_baseline(policy, 8, 32)
+    ar8 = policy.windows.goodput(rows_bucket(8), 0)
+    policy.windows.add(rows_bucket(8), 3, tokens=1.5 * ar8 * 20, row_seconds=20.0, seconds=20.0)
+    ar32 = policy.windows.goodput(rows_bucket(32), 0)
+    policy.windows.add(rows_bucket(32), 3, tokens=0.7 * ar32 * 20, row_seconds=20.0, seconds=20.0)
+    picks = []
+    for step in range(200):  # a wave every 2 s: 0.3 s at 8 rows while 32 requests are in flight
+        rows["n"] = 8 if step % 40 < 6 else 32
+        picks.append(policy.choose(4))
+        now["t"] += 0.05
+    assert picks == [0] * 200
+    rows["n"] = load["n"] = 8  # the server holds 8 requests: 8 rows decide
+    assert policy.choose(4) > 0

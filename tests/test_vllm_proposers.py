@@ -101,6 +101,27 @@ def test_prove_lossless_on_the_own_cache_seam_is_token_identical_to_block_ar(
     assert results[0].stats["proposer"] == "block-cache"
 
 
+@pytest.fixture(scope="module")
+def sdd_scheduled():
+    """Strict SDD drafting only while four or more requests run (vLLM's batch-size schedule)."""
+    schedule = [(1, 3, 0), (4, 64, 8)]
+    options = {"gamma": 8, "steps": 1, "num_speculative_tokens_per_batch_size": schedule}
+    engine = VLLMEngine("sd", proposer="diffusion", k=8, **options, **COMMON)
+    yield engine
+    engine.close()
+
+
+def test_diffusion_drafter_follows_vllms_batch_size_schedule(sdd_scheduled, target_ar):
+    """The custom proposer drafts the step's K from vLLM's schedule (vLLM passes it only to its
+    own proposers; the plugin hands it over): none for one request, eight for a batch of four."""
+    solo = sdd_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)[0]
+    assert solo.stats["tau"] == 1.0 and sdd_scheduled.proposer_state()["created"] == 0
+    batch = sdd_scheduled.generate(PROMPTS[:4], max_new_tokens=TOKENS)
+    assert max(r.stats["tau"] for r in batch) > 1.5
+    want = target_ar.generate([PROMPTS[0], *PROMPTS[:4]], max_new_tokens=TOKENS)
+    assert [_strip(r.tokens) for r in [solo, *batch]] == [_strip(r.tokens) for r in want]
+
+
 def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
     results = sdd.generate(PROMPTS, max_new_tokens=TOKENS)
     tokens = [_strip(r.tokens) for r in results]

@@ -868,6 +868,13 @@ def serve_cmd(
     ] = DEFAULT_MAX_BODY_BYTES,
     engine: EngineOpt = "relaxspec",
     kernels: KernelsOpt = "auto",
+    k_schedule: Annotated[
+        str | None,
+        typer.Option(
+            help="--engine vllm: draft length per number of running requests, e.g. 1-4:8,5-8:4,9-1024:0 "
+            "(vLLM's num_speculative_tokens_per_batch_size; our engine adapts K itself: --adaptive-k)"
+        ),
+    ] = None,
     *,
     opts: MethodOptions,
 ) -> None:
@@ -877,13 +884,17 @@ def serve_cmd(
     rule, requests pick theirs with vllm_xargs (docs/vllm.md).
     """
     _check_engine(engine, kernels)
+    if k_schedule is not None and engine != "vllm":
+        raise RelaxSpecError("--k-schedule is for --engine vllm (our engine picks K per step: --adaptive-k)")
     if engine == "vllm":
+        from relaxspec.integrations.vllm.serve import parse_k_schedule
         from relaxspec.integrations.vllm.serve import serve as vllm_serve
 
+        schedule = parse_k_schedule(k_schedule) if k_schedule is not None else None
         params = {n: v for n, v in opts.params.items() if n != "k"}
         vllm_serve(opts.method, params, k=opts.params.get("k", 4), target=opts.paths.get("target"),
                    draft=opts.paths.get("draft"), host=host, port=port, api_key=api_key,
-                   served_model_name=model_name)  # fmt: skip
+                   served_model_name=model_name, k_schedule=schedule)  # fmt: skip
         return
     import uvicorn
 

@@ -392,7 +392,11 @@ class GoodputDraftLength:
     """Choose each cycle's draft length from the batch size and measured acceptance.
 
     ``rows()`` returns how many rows share a step now (the batcher's active generations; 1 for a
-    request decoded alone); ``paused()`` the seconds so far in which the rows did nothing that
+    request decoded alone), ``load()`` how many requests the server holds (running, queued or
+    being set up): a decision is for the larger of the two, so that the batch does not switch to
+    drafting while rows leave and the next requests join (their prefills run one by one: at 32
+    clients the batch sits at ~8-12 rows for ~0.3 s per wave of requests) — the window's tokens
+    per row-second count the rows that run; ``paused()`` the seconds so far in which the rows did nothing that
     depends on K (prefills of joining rows, and no request running at all), which no window
     counts. One instance is shared by the requests of one method, so acceptance is learned across
     them.
@@ -402,6 +406,7 @@ class GoodputDraftLength:
     draft_costs: Costs
     k_max: int
     rows: Callable[[], int] = lambda: 1
+    load: Callable[[], int] = lambda: 0  # requests in the server (decisions: the larger of the two)
     decision_seconds: float = 2.0  # how long one choice of K holds for every row
     probe_interval: float = 10.0  # seconds at K = 0 before a probe
     probe_window: float = 1.0  # seconds a probe lasts (settling, then evidence)
@@ -449,7 +454,7 @@ class GoodputDraftLength:
         if cap == 0:
             return 0
         assert self.tracker is not None
-        rows = max(1, self.rows())
+        rows = max(1, self.rows(), self.load())
         bucket = rows_bucket(rows)
         # Every row of a batch asks every cycle, right after the same step: the common case (the
         # decision holds) takes no lock, so 16-32 threads do not queue on one (each attribute read

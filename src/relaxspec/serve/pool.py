@@ -87,6 +87,7 @@ class ServingPool:
         self._lock = threading.Lock()
         self._waiting = 0
         self._active = 0
+        self._in_flight = 0  # submitted and not returned (set up, queued or running)
         self._idle_seconds, self._idle_since = 0.0, time.perf_counter()  # for paused_seconds
         self.stats = PoolStats()
         self.batcher = Batcher() if batching else None
@@ -102,6 +103,9 @@ class ServingPool:
 
     def _rows_per_step(self) -> int:
         return max(1, self.batcher.active) if self.batcher is not None else 1
+
+    def _load(self) -> int:
+        return self._in_flight
 
     def paused_seconds(self) -> float:
         """Seconds so far in which running requests did nothing that depends on the draft length:
@@ -136,6 +140,7 @@ class ServingPool:
                     draft_costs=self._costs(engine.proposer.lm.model),
                     k_max=engine.k,
                     rows=self._rows_per_step,
+                    load=self._load,
                     paused=self.paused_seconds,
                 )
         return policy
@@ -186,6 +191,23 @@ class ServingPool:
         ``on_chunk`` must not block: with batching, every running request waits for the slowest
         one at each step.
         """
+        with self._lock:
+            self._in_flight += 1
+        try:
+            return self._submit(prompt, sampling, method, method_params, on_chunk, cancel)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _submit(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        method: str | None,
+        method_params: dict[str, Any] | None,
+        on_chunk: Callable[[str, list[int]], None] | None,
+        cancel: threading.Event | None,
+    ) -> GenerationResult:
         method, params = self.resolve(method, method_params)
         if self.batcher is not None:
             with self.batcher.building() as rows:

@@ -199,7 +199,9 @@ def _install_proposer_hooks(proposer_mod: Any, worker_base: Any, runner_cls: Any
         drafter = getattr(self, "drafter", None)
         if drafter is None or not getattr(drafter, "relaxspec_proposer", False):
             return original_propose(self, *args, **kw)
-        drafter.bind(self)
+        scheduler_output = args[0] if args else kw.get("scheduler_output")
+        # vLLM passes the step's draft length (its batch-size schedule) to its own proposers only
+        drafter.bind(self, getattr(scheduler_output, "num_spec_tokens_to_schedule", None))
         drafts = original_propose(self, *args, **kw)
         probs = drafter.take_last_draft_probs()
         if probs is not None:

@@ -58,6 +58,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,16 @@ def speculative_settings(
     raise RelaxSpecError(f"no vLLM seam for proposer {proposer!r}")
 
 
+def add_k_schedule(spec: dict[str, Any], k_schedule: Sequence[tuple[int, int, int]] | None) -> None:
+    """Put a batch-size schedule of the draft length into vLLM's ``speculative_config``."""
+    if not k_schedule:
+        return
+    k = spec["num_speculative_tokens"]
+    if max(entry[2] for entry in k_schedule) > k:
+        raise RelaxSpecError(f"--k-schedule asks for more than k = {k} draft tokens")
+    spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in k_schedule]
+
+
 def request_sampling(params: Any) -> SamplingParams:
     """relaxspec's :class:`SamplingParams` for a vLLM request (temperature, top-k, top-p, seed)."""
     temperature = float(getattr(params, "temperature", 0.0) or 0.0)
@@ -202,6 +213,7 @@ class OwnCacheDrafter:
         self.target_vocab = int(vllm_config.model_config.get_vocab_size())
         self.model: Any = None
         self.runner: Any = None
+        self.k_now = self.k  # this step's draft length (see bind)
         self.states: dict[str, _RowState] = {}
         self._last_draft_probs: torch.Tensor | None = None
         self._lock = threading.Lock()
@@ -230,8 +242,11 @@ class OwnCacheDrafter:
             )
         self.model = model.eval()
 
-    def bind(self, runner: Any) -> None:
+    def bind(self, runner: Any, k_now: int | None = None) -> None:
+        """The model runner (request ids, sampling parameters) and this step's draft length
+        (``num_spec_tokens_to_schedule``: vLLM's batch-size schedule; None = K)."""
         self.runner = runner
+        self.k_now = self.k if k_now is None else max(0, min(int(k_now), self.k))
 
     def take_last_draft_probs(self) -> torch.Tensor | None:
         probs, self._last_draft_probs = self._last_draft_probs, None
@@ -259,7 +274,7 @@ class OwnCacheDrafter:
             wanted: list[tuple[int, str, torch.Tensor, int]] = []  # (row, request id, ids [1, n], k)
             for i, sampled in enumerate(sampled_token_ids):
                 n = int(num_tokens_no_spec[i])
-                k = min(self.k, self.max_model_len - 1 - n, self.model.config.max_position_embeddings - n)
+                k = min(self.k_now, self.max_model_len - 1 - n, self.model.config.max_position_embeddings - n)
                 if sampled and k >= 1 and i < len(req_ids):
                     ids = torch.as_tensor(token_ids_cpu[i, :n], dtype=torch.long)[None]
                     wanted.append((i, req_ids[i], ids, k))

@@ -379,10 +379,15 @@ def generate_json(
 
 
 def proposer_spec_args(
-    method: str, params: dict[str, Any], paths: dict[str, Any]
+    method: str,
+    params: dict[str, Any],
+    paths: dict[str, Any],
+    k_schedule: Sequence[tuple[int, int, int]] | None = None,
 ) -> tuple[Path, list[str], RuleChoice]:
     """The target directory, the speculative-decoding ``vllm serve`` arguments and the default rule
-    of ``prove-lossless`` / ``prove`` / ``sdd`` (:func:`.serve.vllm_args` adds the rest).
+    of ``prove-lossless`` / ``prove`` / ``sdd`` (:func:`.serve.vllm_args` adds the rest);
+    ``k_schedule``: vLLM's batch-size schedule of the draft length (custom proposers read it
+    per step, :meth:`.proposers.OwnCacheDrafter.bind`).
 
     The block proposer's placeholder id cannot travel on vLLM's command line (a dict
     ``--hf-overrides`` stays with the target): the server sets the callable
@@ -403,6 +408,7 @@ def proposer_spec_args(
         o.get("steps"),
         o.get("reveal", "auto"),
     )
+    proposers.add_k_schedule(spec, k_schedule)
     argv = [] if extra_config is None else ["--additional-config", json.dumps(extra_config)]
     argv += ["--speculative-config", json.dumps(spec)]
     return target, argv, RuleChoice(plan.rule, plan.rule_params)

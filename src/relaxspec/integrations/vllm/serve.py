@@ -28,6 +28,7 @@ from typing import Any
 
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations import vllm as plugin
+from relaxspec.integrations.vllm import proposers
 from relaxspec.integrations.vllm.rejection import ENV_STATS_DIR
 from relaxspec.integrations.vllm.rules import ENV_RULE, RuleChoice, canonical
 from relaxspec.models import model_dir
@@ -148,11 +149,11 @@ def vllm_args(
         return argv
 
     if method in runners.PROPOSER_METHODS:  # our proposers inside vLLM (.proposers); paths by role
-        if stock or k_schedule:
-            raise RelaxSpecError(f"{method!r} needs the relaxspec plugin and takes no --stock / --k-schedule")
+        if stock:
+            raise RelaxSpecError(f"{method!r} needs the relaxspec plugin and takes no --stock")
         where = {"target": target, "draft": draft}
         where.update({r: v for r, v in (paths or {}).items() if v is not None})
-        target_dir, spec_argv, choice = runners.proposer_spec_args(method, params, where)
+        target_dir, spec_argv, choice = runners.proposer_spec_args(method, params, where, k_schedule)
         return server(target_dir) + spec_argv + list(extra), choice
     name = "ar" if method == "ar" else canonical(method)
     rule = None if name == "ar" else RuleChoice(name, params)
@@ -168,10 +169,7 @@ def vllm_args(
             "num_speculative_tokens": k,
             "draft_sample_method": "greedy" if stock else "probabilistic",
         }
-        if k_schedule:
-            if max(entry[2] for entry in k_schedule) > k:
-                raise RelaxSpecError(f"--k-schedule asks for more than k = {k} draft tokens")
-            spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in k_schedule]
+        proposers.add_k_schedule(spec, k_schedule)
         argv += ["--speculative-config", json.dumps(spec)]
     return argv + list(extra), rule
 
