@@ -512,3 +512,25 @@ def test_batched_drafts_refuse_bad_requests(model):
         batch.propose([RowRequest("a", ids, 2, SamplingParams(temperature=1.0))])
     assert batch.rows == {}  # nothing joined by a refused call
     assert batch.propose([]) == []
+
+
+def test_rows_near_the_context_end_draft_their_shorter_block_as_alone(tokenizer):
+    """A row whose context window ends within γ drafts a shorter block (as it would alone); the
+    other rows keep their full γ (rows drafted together share one block length)."""
+    from relaxspec.engine.proposers.diffusion import DiffusionBatch, RowRequest
+
+    m = tiny_llama(len(tokenizer), seed=3, layers=2, logit_scale=4.0, context=40)
+    mark_drafter(m, 4, MASK)
+    gen = torch.Generator().manual_seed(5)
+    v = len(tokenizer)
+    ids = {
+        "short": torch.randint(3, v, (1, 6), generator=gen),
+        "edge": torch.randint(3, v, (1, 36), generator=gen),
+    }
+    batch = DiffusionBatch(m, gamma=6, steps=2)
+    got = batch.propose([RowRequest(key, x, 3, greedy()) for key, x in ids.items()])
+    for (key, x), out in zip(ids.items(), got, strict=True):
+        want = DiffusionProposer(m, gamma=6, steps=2).propose(x, 3, greedy(), None)
+        assert out.tokens.tolist() == want.tokens.tolist()
+        torch.testing.assert_close(out.confidence, want.confidence, atol=1e-5, rtol=1e-4)
+        assert out.features["block_length"][0, 0] == (6 if key == "short" else 4)

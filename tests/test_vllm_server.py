@@ -113,9 +113,11 @@ def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
     with pytest.raises(RelaxSpecError, match="more than k"):
         vllm_args("nsd", {"theta": 0.9}, k=2, k_schedule=schedule)
     # our proposers take it too (their drafters read the step's K from vLLM's scheduler)
-    for method, params in (("sdd", {}), ("prove-lossless", {})):
+    for method, params in (("sdd", {}), ("prove-lossless", {"seam": "own-cache"})):
         argv, _ = vllm_args(method, params, k_schedule=[(1, 4, 8), (5, 1024, 0)])
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
         assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 8], [5, 1024, 0]], method
     with pytest.raises(RelaxSpecError, match="more than k = 8"):
         vllm_args("sdd", {}, k_schedule=[(1, 4, 9), (5, 64, 0)])
+    with pytest.raises(RelaxSpecError, match="parallel drafting"):  # vLLM runs it badly (docs)
+        vllm_args("prove-lossless", {}, k_schedule=[(1, 4, 8), (5, 1024, 0)])

@@ -214,6 +214,19 @@ def select_layer_rows(layer: DynamicLayer, index: torch.Tensor) -> None:
         set_layer_kv(layer, layer.keys[index], layer.values[index])
 
 
+def cache_nbytes(cache: DynamicCache | None) -> int:
+    """Bytes held by a cache's key/value storage (a position-indexed layer's whole buffers, spare
+    rows and unused slots included; 0 for None or an empty cache)."""
+    total = 0
+    for layer in getattr(cache, "layers", None) or []:
+        if isinstance(layer, PositionLayer):
+            pair = (layer._key_rows, layer._value_rows)
+        else:
+            pair = (layer.keys, layer.values)
+        total += sum(t.numel() * t.element_size() for t in pair if isinstance(t, torch.Tensor))
+    return total
+
+
 def cache_kind(cache: DynamicCache) -> str:
     """``"position"`` for a :func:`new_cache` with position-indexed layers, else ``"dynamic"``."""
     layers = getattr(cache, "layers", None) or []

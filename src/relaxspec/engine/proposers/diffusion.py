@@ -47,7 +47,7 @@ import torch
 from transformers import PreTrainedModel
 
 from relaxspec.core.sampling import SamplingParams, check_finite, processed_probs, sample
-from relaxspec.engine.kv import CachedLM, cache_argument, new_cache
+from relaxspec.engine.kv import CachedLM, cache_argument, cache_nbytes, new_cache
 from relaxspec.engine.packed import packed_forward
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.errors import RelaxSpecError
@@ -484,16 +484,7 @@ class DiffusionBatch:
 
     def cache_bytes(self) -> int:
         """Bytes of the shared cache's buffers (0 once every row is freed)."""
-        cache = self.shared.cache
-        total = 0
-        for layer in getattr(cache, "layers", None) or []:
-            pair = (
-                (layer._key_rows, layer._value_rows)
-                if hasattr(layer, "_key_rows")
-                else (layer.keys, layer.values)
-            )
-            total += sum(t.numel() * t.element_size() for t in pair if isinstance(t, torch.Tensor))
-        return total
+        return cache_nbytes(self.shared.cache)
 
     @torch.inference_mode()
     def propose(self, requests: list[RowRequest]) -> list[Proposal]:
@@ -501,17 +492,25 @@ class DiffusionBatch:
 
         Costs one prefill per joining row, then S batched forwards for all of them.
         """
-        if not requests:
-            return []
         if len({r.key for r in requests}) != len(requests):
             raise RelaxSpecError("a request may be drafted at most once per batch")
-        gamma = min(min(self.gamma, self.context_length - r.ids.shape[1]) for r in requests)
-        for r in requests:
+        # γ shrinks only where the context window ends first: rows drafted together share it
+        gammas = [min(self.gamma, self.context_length - r.ids.shape[1]) for r in requests]
+        for r, gamma in zip(requests, gammas, strict=True):
             if not 1 <= r.k <= gamma:
                 raise RelaxSpecError(
                     f"cannot draft {r.k} tokens with a block of {gamma} (gamma={self.gamma})"
                 )
         orders = [self.reveal_order(r.params) for r in requests]  # fails before any state changes
+        proposals: dict[int, Proposal] = {}
+        for gamma in sorted(set(gammas), reverse=True):
+            group = [i for i, g in enumerate(gammas) if g == gamma]
+            drafted = self._propose_rows([requests[i] for i in group], [orders[i] for i in group], gamma)
+            proposals.update(zip(group, drafted, strict=True))
+        return [proposals[i] for i in range(len(requests))]
+
+    def _propose_rows(self, requests: list[RowRequest], orders: list[str], gamma: int) -> list[Proposal]:
+        """Draft a γ-slot block for each of ``requests`` together (their reveal ``orders``)."""
         steps = min(self.steps, gamma)
         joined = [self._row_for(r) for r in requests]  # (row, last token's hidden state if it joined now)
         rows = [row for row, _ in joined]

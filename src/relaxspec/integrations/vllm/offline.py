@@ -224,8 +224,7 @@ class VLLMEngine:
                 )
                 if extra_config is not None:
                     kwargs["additional_config"] = extra_config
-            if num_speculative_tokens_per_batch_size is not None:
-                spec["num_speculative_tokens_per_batch_size"] = num_speculative_tokens_per_batch_size
+            proposers.add_k_schedule(spec, num_speculative_tokens_per_batch_size)
             kwargs["speculative_config"] = spec
         kwargs.update(llm_kwargs or {})
         with self._plugin_state(), _env(**engine_env(stock, multiprocessing, self.rule)):

@@ -156,9 +156,21 @@ def speculative_settings(
 
 
 def add_k_schedule(spec: dict[str, Any], k_schedule: Sequence[tuple[int, int, int]] | None) -> None:
-    """Put a batch-size schedule of the draft length into vLLM's ``speculative_config``."""
+    """Put a batch-size schedule of the draft length into vLLM's ``speculative_config``.
+
+    Refused for parallel drafting (the block proposer's default seam): vLLM 0.32 runs it at a
+    scheduled K below the configured one, but slowly and with rows left without drafts — load
+    test with ``1-4:8,5-8:4,9-1024:0``: 0.48×, 0.40×, 0.37× vLLM AR at 8, 16, 32 requests, where
+    it ran 0.92× / 0.79× at 16 / 32 unscheduled (docs/vllm-proposers.md, session 18). Our own
+    proposers (``seam=own-cache``, the diffusion drafter) follow it.
+    """
     if not k_schedule:
         return
+    if spec.get("parallel_drafting"):
+        raise RelaxSpecError(
+            "--k-schedule does not work with vLLM's parallel drafting (measured 0.37-0.48x vLLM AR); "
+            "use the block proposer's own-cache seam (seam=own-cache) for a batch-size schedule"
+        )
     k = spec["num_speculative_tokens"]
     if max(entry[2] for entry in k_schedule) > k:
         raise RelaxSpecError(f"--k-schedule asks for more than k = {k} draft tokens")
@@ -334,15 +346,10 @@ class OwnCacheDrafter:
         del self.events[:-256]
 
     def state_bytes(self) -> int:
-        """Bytes of the live requests' drafter caches (position-indexed buffers or dynamic layers)."""
-        total = 0
-        for state in self.states.values():
-            if state.proposer is None:
-                continue
-            for layer in getattr(state.proposer.lm.cache, "layers", None) or []:
-                pair = (layer._keys, layer._values) if hasattr(layer, "_keys") else (layer.keys, layer.values)
-                total += sum(t.numel() * t.element_size() for t in pair if isinstance(t, torch.Tensor))
-        return total
+        """Bytes of the live requests' drafter caches."""
+        from relaxspec.engine.kv import cache_nbytes
+
+        return sum(cache_nbytes(s.proposer.lm.cache) for s in self.states.values() if s.proposer is not None)
 
     def state_info(self) -> dict[str, Any]:
         """Live per-request states (ids, bytes) and counts, for ``collective_rpc``/tests."""
