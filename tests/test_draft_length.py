@@ -114,6 +114,18 @@ def with_ar_baseline(policy: GoodputDraftLength, *rows: int) -> GoodputDraftLeng
     return policy
 
 
+def with_measured_sides(policy: GoodputDraftLength, advantage: dict[int, float]) -> GoodputDraftLength:
+    """Full acceptance at K = 4, and for each batch size an AR baseline plus 20 s of drafting
+    windows at ``advantage[rows]`` × AR's goodput."""
+    for _ in range(20):
+        policy.observe(4, 4)
+    with_ar_baseline(policy, *advantage)
+    for rows, ratio in advantage.items():
+        ar = policy.windows.goodput(rows_bucket(rows), 0)
+        policy.windows.add(rows_bucket(rows), 3, tokens=ratio * ar * 20, row_seconds=20.0, seconds=20.0)
+    return policy
+
+
 def run_cycles(
     policy: GoodputDraftLength,
     now: dict[str, float],
@@ -315,13 +327,7 @@ def test_a_short_dip_of_the_batch_size_does_not_start_drafting():
     policy = cheap_draft_policy(
         k_max=4, rows=lambda: rows["n"], decision_seconds=2.0, probe_interval=1e9, clock=lambda: now["t"]
     )
-    for _ in range(20):
-        policy.observe(4, 4)
-    with_ar_baseline(policy, 16, 32)
-    ar16 = policy.windows.goodput(rows_bucket(16), 0)
-    policy.windows.add(rows_bucket(16), 3, tokens=1.5 * ar16 * 20, row_seconds=20.0, seconds=20.0)
-    ar32 = policy.windows.goodput(rows_bucket(32), 0)
-    policy.windows.add(rows_bucket(32), 3, tokens=0.7 * ar32 * 20, row_seconds=20.0, seconds=20.0)
+    with_measured_sides(policy, {16: 1.5, 32: 0.7})
     picks = []
     for step in range(390):  # 19.5 s of 0.05 s steps: a 0.1 s dip to 16 rows every 2 s
         rows["n"] = 16 if step % 40 in (38, 39) else 32
@@ -739,13 +745,7 @@ def test_decisions_follow_the_load_while_a_wave_of_requests_joins():
         k_max=4, rows=lambda: rows["n"], load=lambda: load["n"], decision_seconds=2.0, probe_interval=1e9,
         entry_seconds=0.0, clock=lambda: now["t"],
     )  # fmt: skip
-    for _ in range(20):
-        policy.observe(4, 4)
-    with_ar_baseline(policy, 8, 32)
-    ar8 = policy.windows.goodput(rows_bucket(8), 0)
-    policy.windows.add(rows_bucket(8), 3, tokens=1.5 * ar8 * 20, row_seconds=20.0, seconds=20.0)
-    ar32 = policy.windows.goodput(rows_bucket(32), 0)
-    policy.windows.add(rows_bucket(32), 3, tokens=0.7 * ar32 * 20, row_seconds=20.0, seconds=20.0)
+    with_measured_sides(policy, {8: 1.5, 32: 0.7})
     picks = []
     for step in range(200):  # a wave every 2 s: 0.3 s at 8 rows while 32 requests are in flight
         rows["n"] = 8 if step % 40 < 6 else 32

@@ -322,27 +322,46 @@ class BlockDenoiser:
 # ---------------------------------------------------------------------------------------------
 
 
-def _settings(model: PreTrainedModel, gamma: int | None, steps: int | None, reveal: str, mask: int | None):
-    """Validated ``(gamma, steps, reveal, mask_token_id)``, defaults from the drafter's config."""
-    cfg = model.config
-    if gamma is None:
-        gamma = getattr(cfg, CFG_GAMMA, None) or getattr(cfg, CFG_BLOCK, None)
-    if steps is None:
-        steps = getattr(cfg, CFG_STEPS, None) or (max(1, gamma // 4) if isinstance(gamma, int) else None)
-    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
-        raise RelaxSpecError(f"gamma (diffusion block length) must be an integer >= 1, got {gamma!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= gamma:
-        raise RelaxSpecError(
-            f"steps (denoising steps) must be an integer in [1, gamma={gamma}], got {steps!r}"
-        )
-    if reveal not in REVEAL_ORDERS:
-        raise RelaxSpecError(f"reveal must be one of {', '.join(REVEAL_ORDERS)}, got {reveal!r}")
-    mask = mask if mask is not None else getattr(cfg, CFG_MASK, 2)
-    check_drafter(model, mask)
-    return gamma, steps, reveal, mask
+class DiffusionSettings:
+    """A drafter model with validated γ, S, reveal order and mask token (defaults from its config).
+
+    gamma: block length γ ≥ 1 (default: the drafter's bundled operating point, else its training
+    block length); steps: denoising steps S, 1 ≤ S ≤ γ; reveal: ``"auto"``, ``"confidence"`` or
+    ``"left_to_right"`` (see the module docstring for exactness).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        gamma: int | None = None,
+        steps: int | None = None,
+        reveal: str = "auto",
+        mask_token_id: int | None = None,
+    ) -> None:
+        cfg = model.config
+        if gamma is None:
+            gamma = getattr(cfg, CFG_GAMMA, None) or getattr(cfg, CFG_BLOCK, None)
+        if steps is None:
+            steps = getattr(cfg, CFG_STEPS, None) or (max(1, gamma // 4) if isinstance(gamma, int) else None)
+        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+            raise RelaxSpecError(f"gamma (diffusion block length) must be an integer >= 1, got {gamma!r}")
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= gamma:
+            raise RelaxSpecError(
+                f"steps (denoising steps) must be an integer in [1, gamma={gamma}], got {steps!r}"
+            )
+        if reveal not in REVEAL_ORDERS:
+            raise RelaxSpecError(f"reveal must be one of {', '.join(REVEAL_ORDERS)}, got {reveal!r}")
+        mask_token_id = mask_token_id if mask_token_id is not None else getattr(cfg, CFG_MASK, 2)
+        check_drafter(model, mask_token_id)
+        self.model = model
+        self.gamma, self.steps, self.reveal, self.mask_token_id = gamma, steps, reveal, mask_token_id
+
+    def reveal_order(self, params: SamplingParams) -> str:
+        """The reveal order used for a request; errors on the inexact sampling combination."""
+        return reveal_order_for(self.reveal, self.steps, params)
 
 
-class DiffusionProposer:
+class DiffusionProposer(DiffusionSettings):
     """Draft a γ-token block in S denoising steps from ``[context, γ masks]`` (DESIGN §4).
 
     gamma: block length γ ≥ 1 (default: the drafter's bundled operating point, else its training
@@ -356,17 +375,9 @@ class DiffusionProposer:
 
     name = "diffusion"
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        gamma: int | None = None,
-        steps: int | None = None,
-        reveal: str = "auto",
-        mask_token_id: int | None = None,
-    ) -> None:
-        self.gamma, self.steps, self.reveal, self.mask_token_id = _settings(
-            model, gamma, steps, reveal, mask_token_id
-        )
+    def __init__(self, model: PreTrainedModel, *args: Any, **settings: Any) -> None:
+        """``model`` and the :class:`DiffusionSettings` (γ, S, reveal, mask token)."""
+        super().__init__(model, *args, **settings)
         self.lm = DiffusionLM(model, name="diffusion drafter")
 
     @property
@@ -378,10 +389,6 @@ class DiffusionProposer:
 
     def rollback(self, length: int) -> None:
         self.lm.rollback(length)
-
-    def reveal_order(self, params: SamplingParams) -> str:
-        """The reveal order used for a request; errors on the inexact sampling combination."""
-        return reveal_order_for(self.reveal, self.steps, params)
 
     def propose(
         self, ids: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
@@ -440,7 +447,7 @@ class RowRequest:
     generator: torch.Generator | None = None
 
 
-class DiffusionBatch:
+class DiffusionBatch(DiffusionSettings):
     """The diffusion drafter for many requests at once: S batched forwards draft every block.
 
     Each request is a row of one position-indexed cache of committed tokens
@@ -454,27 +461,15 @@ class DiffusionBatch:
     floating-point summation order). :meth:`remove` frees a finished request's row.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        gamma: int | None = None,
-        steps: int | None = None,
-        reveal: str = "auto",
-        mask_token_id: int | None = None,
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, *args: Any, **settings: Any) -> None:
+        """``model`` and the :class:`DiffusionSettings` (γ, S, reveal, mask token)."""
         from relaxspec.engine.batching import SharedCache  # the batched-cache bookkeeping
 
-        self.model = model
-        self.gamma, self.steps, self.reveal, self.mask_token_id = _settings(
-            model, gamma, steps, reveal, mask_token_id
-        )
+        super().__init__(model, *args, **settings)
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.shared = SharedCache(model)
         self.rows: dict[str, DraftRow] = {}
         self.calls = 0  # batched drafter forwards (joining rows' prefills not counted)
-
-    def reveal_order(self, params: SamplingParams) -> str:
-        return reveal_order_for(self.reveal, self.steps, params)
 
     def remove(self, key: str) -> None:
         """Free the row of request ``key`` (no-op if it has none)."""
