@@ -329,7 +329,10 @@ def test_prove_lossless_seeded_sampling_independent_of_batch(prove_lossless):
     assert sum(solo.stats["plugin"]["accepted_per_pos"]) > 0  # real q: sampled drafts get accepted
 
 
-SERVED = [("prove-lossless", ["--block-size", "8"]), ("sdd", ["--accept", "exact", "--gamma", "8"])]
+SERVED = [
+    ("prove-lossless", ["--block-size", "8"]),
+    ("sdd", ["--accept", "exact", "--gamma", "8", "--k-schedule", "1-4:8,5-1024:0"]),  # one request: K = 8
+]
 
 
 @pytest.mark.parametrize("method, flags", SERVED)
