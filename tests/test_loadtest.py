@@ -90,6 +90,8 @@ def test_speedups_relative_to_ar_at_the_same_concurrency():
         (LoadtestConfig(spawn=True), "--spawn needs --method"),
         (LoadtestConfig(url="localhost:8000"), "http://"),
         (LoadtestConfig(repeats=0), "--repeats"),
+        (LoadtestConfig(spawn=True, methods=["ar"], server_sets=0), "--server-sets"),
+        (LoadtestConfig(server_sets=2), "--server-sets needs --spawn"),
     ],
 )
 def test_bad_config(config, message):
@@ -156,6 +158,40 @@ def test_repeats_run_in_abba_order_and_pool_per_level(server_url, capsys):
     assert ratios == pytest.approx(want)
     print_table(report)
     assert "–" in capsys.readouterr().out  # the per-repeat range beside the pooled ratio
+
+
+def test_server_sets_spawn_fresh_servers_and_pool_them(server_url, monkeypatch):
+    """--server-sets 2: every level runs on two sets of fresh server processes (a process carries
+    its own offset); the cells pool both sets, every run's throughput is kept."""
+    from relaxspec.serve import loadtest
+
+    spawned: list[list[str]] = []
+
+    def fake_servers(config, stack):  # one "set" of servers: one per method
+        spawned.append(list(config.methods))
+        stack.callback(lambda: spawned[-1].append("stopped"))
+        return {m: server_url for m in config.methods}
+
+    monkeypatch.setattr(loadtest, "_servers", fake_servers)
+    config = LoadtestConfig(
+        concurrency=[1, 2],
+        requests=2,
+        max_tokens=3,
+        methods=["ar", "nsd"],
+        warmup=1,
+        spawn=True,
+        server_sets=2,
+    )
+    order: list[str] = []
+    report = run_loadtest(config, PROMPTS, progress=order.append)
+    assert spawned == [["ar", "nsd", "stopped"], ["ar", "nsd", "stopped"]]
+    assert order[:2] == ["ar at concurrency 1 (server set 1/2)", "nsd at concurrency 1 (server set 1/2)"]
+    assert order[-1] == "nsd at concurrency 2 (server set 2/2)" and len(order) == 8
+    assert [(lv["method"], lv["concurrency"]) for lv in report["levels"]] == [
+        ("ar", 1), ("nsd", 1), ("ar", 2), ("nsd", 2)
+    ]  # fmt: skip
+    assert all(lv["requests"] == 4 and len(lv["repeat_throughputs"]) == 2 for lv in report["levels"])
+    assert len(report["speedup_per_repeat"]["nsd"]["2"]) == 2 and report["failed"] == 0
 
 
 def test_fixed_length_requests(server_url):

@@ -939,6 +939,13 @@ def loadtest_cmd(
     repeats: Annotated[
         int, typer.Option(help="measure each level this many times per method (ABBA order), pooled")
     ] = 1,
+    server_sets: Annotated[
+        int,
+        typer.Option(
+            help="--spawn: run every level on this many fresh sets of server processes, pooled "
+            "(a process carries its own few-% offset)"
+        ),
+    ] = 1,
     max_tokens: int = 64,
     method: Annotated[
         str | None, typer.Option(help="comma-separated methods, e.g. ar,nsd (default: the server's)")
@@ -1011,6 +1018,7 @@ def loadtest_cmd(
         api_key=api_key,
         engine=engine,
         repeats=repeats,
+        server_sets=server_sets,
     )
     prompts = load_prompts(dataset, limit)
     report = run_loadtest(config, prompts, progress=lambda text: print(f"measuring {text}", file=sys.stderr))

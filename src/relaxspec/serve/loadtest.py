@@ -101,6 +101,7 @@ class LoadtestConfig:
     api_key: str | None = None  # sent as a bearer token; spawned servers get it in their environment
     engine: str = "relaxspec"  # spawned servers: "vllm" = vLLM's server with the plugin (vllm-*: stock)
     repeats: int = 1  # each level measured this many times per method, in ABBA order, then pooled
+    server_sets: int = 1  # spawned servers: run every level on this many fresh sets of processes, pooled
 
     @property
     def headers(self) -> dict[str, str]:
@@ -358,6 +359,14 @@ def validate(config: LoadtestConfig) -> None:
         raise RelaxSpecError(f"--repeats must be >= 1, got {config.repeats}")
     if config.spawn and not config.methods:
         raise RelaxSpecError("--spawn needs --method (one server is started per method)")
+    if (
+        isinstance(config.server_sets, bool)
+        or not isinstance(config.server_sets, int)
+        or config.server_sets < 1
+    ):
+        raise RelaxSpecError(f"--server-sets must be an integer >= 1, got {config.server_sets!r}")
+    if config.server_sets > 1 and not config.spawn:
+        raise RelaxSpecError("--server-sets needs --spawn (fresh server processes per set)")
     if not config.spawn and not config.url.startswith(("http://", "https://")):
         raise RelaxSpecError(f"--url must start with http:// or https://, got {config.url!r}")
 
@@ -371,32 +380,44 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
     if not prompts:
         raise RelaxSpecError("the load test needs at least one prompt")
     methods: list[str | None] = list(config.methods) or [None]
-    with ExitStack() as stack:
-        urls = _servers(config, stack)
-        for method in methods:
-            asyncio.run(warm_up(urls[method], prompts, config, _override(config, method)))
-        levels: list[LevelResult] = []
-        for concurrency in config.concurrency:
-            records: dict[str | None, list[RequestRecord]] = {m: [] for m in methods}
-            walls: dict[str | None, float] = dict.fromkeys(methods, 0.0)
-            rates: dict[str | None, list[float]] = {m: [] for m in methods}  # tok/s per repeat
-            for repeat in range(config.repeats):
-                # ABBA: the second repeat runs the methods in reverse, so a drift of the machine
-                # over the level weighs on every method alike
-                for method in methods if repeat % 2 == 0 else methods[::-1]:
-                    name = method or "default"
-                    if progress is not None:
-                        progress(f"{name} at concurrency {concurrency}" + _repeat_text(repeat, config))
-                    done, wall = asyncio.run(
-                        run_level(urls[method], prompts, config, concurrency, _override(config, method))
-                    )
-                    rates[method].append(summarize(name, concurrency, done, wall).throughput)
-                    records[method] += done
-                    walls[method] += wall
+    records: dict[int, dict[str | None, list[RequestRecord]]] = {
+        c: {m: [] for m in methods} for c in config.concurrency
+    }
+    walls = {c: dict.fromkeys(methods, 0.0) for c in config.concurrency}
+    rates = {c: {m: [] for m in methods} for c in config.concurrency}  # tok/s per repeat (and set)
+    # A server process carries its own offset (measured: two identical `ar` servers 0.955x and
+    # 1.015x at 32 clients), so several sets of fresh processes average it out.
+    for server_set in range(config.server_sets):
+        with ExitStack() as stack:
+            urls = _servers(config, stack)
             for method in methods:
-                level = summarize(method or "default", concurrency, records[method], walls[method])
-                level.repeat_throughputs = rates[method] if config.repeats > 1 else []
-                levels.append(level)
+                asyncio.run(warm_up(urls[method], prompts, config, _override(config, method)))
+            for concurrency in config.concurrency:
+                for repeat in range(config.repeats):
+                    # ABBA: the second repeat runs the methods in reverse, so a drift of the machine
+                    # over the level weighs on every method alike
+                    for method in methods if repeat % 2 == 0 else methods[::-1]:
+                        name = method or "default"
+                        if progress is not None:
+                            progress(
+                                f"{name} at concurrency {concurrency}"
+                                + _repeat_text(repeat, server_set, config)
+                            )
+                        done, wall = asyncio.run(
+                            run_level(urls[method], prompts, config, concurrency, _override(config, method))
+                        )
+                        rates[concurrency][method].append(summarize(name, concurrency, done, wall).throughput)
+                        records[concurrency][method] += done
+                        walls[concurrency][method] += wall
+    levels: list[LevelResult] = []
+    for concurrency in config.concurrency:
+        for method in methods:
+            level = summarize(
+                method or "default", concurrency, records[concurrency][method], walls[concurrency][method]
+            )
+            runs = rates[concurrency][method]
+            level.repeat_throughputs = runs if len(runs) > 1 else []
+            levels.append(level)
     return {
         "config": {**asdict(config), "api_key": "(set)" if config.api_key else None},  # never the key
         "levels": [asdict(lv) for lv in levels],
@@ -406,8 +427,11 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
     }
 
 
-def _repeat_text(repeat: int, config: LoadtestConfig) -> str:
-    return f" (repeat {repeat + 1}/{config.repeats})" if config.repeats > 1 else ""
+def _repeat_text(repeat: int, server_set: int, config: LoadtestConfig) -> str:
+    parts = [f"repeat {repeat + 1}/{config.repeats}"] if config.repeats > 1 else []
+    if config.server_sets > 1:
+        parts.append(f"server set {server_set + 1}/{config.server_sets}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def repeat_speedups(levels: Sequence[LevelResult], baseline: str = "ar") -> dict[str, dict[str, list[float]]]:
