@@ -47,7 +47,8 @@ it. While drafting's measured advantage is marginal (under ``marginal_advantage`
 every ``marginal_probe_interval`` seconds instead, so that both sides carry comparable evidence.
 Probes are windows of time, not every n-th choice, so that all rows of a lockstep batch probe
 together: one drafting row would make the others' AR steps wait for it and make AR look as slow as
-speculation."""
+speculation.
+"""
 
 from __future__ import annotations
 
@@ -396,8 +397,8 @@ class GoodputDraftLength:
     being set up): a decision is for the larger of the two, so that the batch does not switch to
     drafting while rows leave and the next requests join (their prefills run one by one: at 32
     clients the batch sits at ~8-12 rows for ~0.3 s per wave of requests) — the window's tokens
-    per row-second count the rows that run; ``paused()`` the seconds so far in which the rows did nothing that
-    depends on K (prefills of joining rows, and no request running at all), which no window
+    per row-second count the rows that run; ``paused()`` the seconds so far in which the rows did
+    nothing that depends on K (prefills of joining rows, and no request running at all), which no window
     counts. One instance is shared by the requests of one method, so acceptance is learned across
     them.
     """
