@@ -534,3 +534,34 @@ def test_rows_near_the_context_end_draft_their_shorter_block_as_alone(tokenizer)
         assert out.tokens.tolist() == want.tokens.tolist()
         torch.testing.assert_close(out.confidence, want.confidence, atol=1e-5, rtol=1e-4)
         assert out.features["block_length"][0, 0] == (6 if key == "short" else 4)
+
+
+def test_a_failed_batched_draft_leaves_the_shared_cache_as_it_was(model, monkeypatch):
+    """A drafter forward that fails after extending the cache (here: after the real forward ran)
+    is rolled back to the slots before it: the next draft equals the solo one."""
+    from relaxspec.engine.proposers import diffusion
+    from relaxspec.engine.proposers.diffusion import DiffusionBatch, RowRequest
+
+    gen = torch.Generator().manual_seed(2)
+    ids = {
+        key: torch.randint(3, model.config.vocab_size, (1, n), generator=gen)
+        for key, n in (("a", 5), ("b", 8))
+    }
+    batch = DiffusionBatch(model, gamma=4, steps=2)
+    batch.propose([RowRequest(key, x, 3, greedy()) for key, x in ids.items()])  # both rows joined
+    ids = {key: torch.cat([x, torch.tensor([[5, 6]])], 1) for key, x in ids.items()}
+    real = diffusion.drafter_hidden
+
+    def failing(*args, **kwargs):
+        real(*args, **kwargs)
+        raise RuntimeError("drafter forward failed")
+
+    monkeypatch.setattr(diffusion, "drafter_hidden", failing)
+    with pytest.raises(RuntimeError, match="drafter forward failed"):
+        batch.propose([RowRequest(key, x, 3, greedy()) for key, x in ids.items()])
+    monkeypatch.setattr(diffusion, "drafter_hidden", real)
+    got = batch.propose([RowRequest(key, x, 3, greedy()) for key, x in ids.items()])
+    for (key, x), out in zip(ids.items(), got, strict=True):
+        want = DiffusionProposer(model, gamma=4, steps=2).propose(x, 3, greedy(), None)
+        assert out.tokens.tolist() == want.tokens.tolist(), key
+        torch.testing.assert_close(out.confidence, want.confidence, atol=1e-5, rtol=1e-4)

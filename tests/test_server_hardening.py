@@ -337,7 +337,10 @@ def test_api_key(models):
         assert httpx.get(f"{base}/metrics", headers=good).status_code == 200
         assert httpx.get(f"{base}/health").status_code == 200  # open, for load balancers
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
-        assert client.completions.create(model=MODEL, prompt="w1", max_tokens=2).usage.completion_tokens
+        # (sampled without a seed: the tiny model may stop at once, so no token count is asserted)
+        completion = client.completions.create(model=MODEL, prompt="w1", max_tokens=2)
+        assert completion.usage.prompt_tokens > 0
+        assert completion.choices[0].finish_reason in ("stop", "length")
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{base}/v1", api_key="nope", max_retries=0).models.list()
         text = httpx.get(f"{base}/metrics", headers=good).text

@@ -240,7 +240,7 @@ class SharedCache:
                 self.model, input_ids, self.cache, attention_mask=attention, position_ids=new_pos.clamp(min=0)
             )
         except BaseException:
-            self._truncate(T)  # layers the failed forward already extended: back to T slots
+            self.truncate(T)  # layers the failed forward already extended: back to T slots
             raise
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self.position = torch.cat([self.position, new_pos], dim=1)
@@ -260,7 +260,8 @@ class SharedCache:
         self._trim_tail()
         self._compact_if_sparse()
 
-    def _truncate(self, length: int) -> None:
+    def truncate(self, length: int) -> None:
+        """Drop every slot from physical position ``length`` on (a failed forward's partial writes)."""
         for layer in _layers(self.cache):
             if layer.keys is not None and layer.keys.shape[-2] > length:
                 layer.crop(length)

@@ -595,7 +595,11 @@ class DiffusionBatch(DiffusionSettings):
         allowed[:, slot, T + slot] |= ~torch.cat(
             [fed, in_block.expand(B, gamma)], dim=1
         )  # holes see themselves
-        hidden = drafter_hidden(self.model, shared.cache, tokens, allowed[:, None], positions)
+        try:
+            hidden = drafter_hidden(self.model, shared.cache, tokens, allowed[:, None], positions)
+        except BaseException:
+            shared.truncate(T)  # layers the failed forward already extended: back to T slots
+            raise
         self.calls += 1
         shared.cache.crop(-gamma)  # the block slots' KV never survives a step
         shared.valid = torch.cat([shared.valid, fed], dim=1)
