@@ -121,3 +121,17 @@ def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
         vllm_args("sdd", {}, k_schedule=[(1, 4, 9), (5, 64, 0)])
     with pytest.raises(RelaxSpecError, match="parallel drafting"):  # vLLM runs it badly (docs)
         vllm_args("prove-lossless", {}, k_schedule=[(1, 4, 8), (5, 1024, 0)])
+
+
+def test_serve_module_passes_our_proposers_options(monkeypatch):
+    """``python -m relaxspec.integrations.vllm.serve`` (what the load test spawns) takes the block
+    proposer's seam and a schedule of K, and hands them to :func:`serve`."""
+    from relaxspec.integrations.vllm import serve as serve_module
+
+    seen = {}
+    monkeypatch.setattr(
+        serve_module, "serve", lambda method, params, **kw: seen.update(method=method, params=params, **kw)
+    )
+    serve_module.main(["--method", "prove-lossless", "--seam", "own-cache", "--k-schedule", "1-4:8,5-64:0"])
+    assert seen["method"] == "prove-lossless" and seen["params"] == {"seam": "own-cache"}
+    assert seen["k_schedule"] == [(1, 4, 8), (5, 64, 0)]

@@ -243,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--k-schedule", help="draft length per batch size, e.g. 1-4:4,5-16:2,17-256:0")
     # prove-lossless / prove / sdd: our proposers inside vLLM (relaxspec.integrations.vllm.proposers)
     for flag, typ in (("--block-size", int), ("--gamma", int), ("--steps", int), ("--reveal", str),
-                      ("--accept", str), ("--block", str), ("--diffusion", str)):  # fmt: skip
+                      ("--accept", str), ("--seam", str),
+                      ("--block", str), ("--diffusion", str)):  # fmt: skip
         ap.add_argument(flag, type=typ)
     ns, extra = ap.parse_known_args(argv)
     params = {
@@ -259,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "steps": ns.steps,
             "reveal": ns.reveal,
             "accept": ns.accept,
+            "seam": ns.seam,
         }.items()
         if v is not None
     }
