@@ -92,6 +92,10 @@ def test_speedups_relative_to_ar_at_the_same_concurrency():
         (LoadtestConfig(repeats=0), "--repeats"),
         (LoadtestConfig(spawn=True, methods=["ar"], server_sets=0), "--server-sets"),
         (LoadtestConfig(server_sets=2), "--server-sets needs --spawn"),
+        (
+            LoadtestConfig(spawn=True, methods=["ar"], method_args={"nsd": ["--k", "2"]}),
+            "--method-args for nsd",
+        ),
     ],
 )
 def test_bad_config(config, message):
@@ -251,11 +255,13 @@ def test_cli_spawn_starts_and_stops_servers(model_dirs, tmp_path):
     r = run_cli(
         "loadtest", "--spawn", "--method", "sd", "--target", str(target), "--draft", str(draft),
         "--concurrency", "1", "--requests", "2", "--max-tokens", "4", "--dataset", str(prompts),
-        "--warmup", "1", "--out", str(out), "--serve-args", "--no-batching --max-tokens-cap 50",
+        "--warmup", "1", "--out", str(out), "--serve-args", "--no-batching",
+        "--method-args", "sd=--max-tokens-cap 50",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
-    assert report["config"]["spawn_args"][-3:] == ["--no-batching", "--max-tokens-cap", "50"]
+    assert report["config"]["spawn_args"][-1:] == ["--no-batching"]
+    assert report["config"]["method_args"] == {"sd": ["--max-tokens-cap", "50"]}
     assert [lv["method"] for lv in report["levels"]] == ["sd"] and report["failed"] == 0
     assert report["levels"][0]["tau"] >= 1
 
@@ -272,3 +278,28 @@ def test_cli_spawn_reports_a_server_that_fails_to_start(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2
     assert "server exited at start-up" in r.stderr and "model directory not found" in r.stderr
+
+
+@pytest.mark.parametrize("engine", ["relaxspec", "vllm"])
+def test_method_args_reach_only_that_methods_server(engine, tmp_path, monkeypatch):
+    """--method-args METHOD='...' are appended to that method's spawned command line only."""
+    from relaxspec.serve import loadtest
+
+    commands: dict[str, list[str]] = {}
+
+    class FakePopen:
+        def __init__(self, command, **kwargs):
+            method = command[command.index("--method") + 1]
+            commands[method] = command
+
+    monkeypatch.setattr(loadtest.subprocess, "Popen", FakePopen)
+    methods = ["prove-lossless", "vllm-ar"] if engine == "vllm" else ["ar", "nsd"]
+    config = LoadtestConfig(
+        methods=methods, spawn=True, engine=engine, spawn_args=["--max-model-len", "512"],
+        method_args={methods[0]: ["--seam", "own-cache", "--k-schedule", "1-4:8,5-64:0"]},
+    )  # fmt: skip
+    for method in methods:
+        loadtest.SpawnedServer(method, config, tmp_path)
+    first, second = (commands[m if m != "vllm-ar" else "ar"] for m in methods)
+    assert first[-4:] == ["--seam", "own-cache", "--k-schedule", "1-4:8,5-64:0"]
+    assert "--seam" not in second and "--max-model-len" in first and "--max-model-len" in second

@@ -973,6 +973,13 @@ def loadtest_cmd(
     serve_args: Annotated[
         str | None, typer.Option(help="spawned servers: more `relaxspec serve` options, e.g. '--no-batching'")
     ] = None,
+    method_args: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="one method's spawned server only: METHOD='options' (repeatable), "
+            "e.g. prove-lossless='--seam own-cache --k-schedule 1-4:8,5-1024:0'"
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="JSON report")] = Path("results/loadtest.json"),
     api_key: Annotated[
         str | None,
@@ -1001,6 +1008,12 @@ def loadtest_cmd(
     for item in set_ or []:
         spawn_args += ["--set", item]
     spawn_args += shlex.split(serve_args or "")
+    per_method: dict[str, list[str]] = {}
+    for item in method_args or []:
+        name, sep, options = item.partition("=")
+        if not sep or not name.strip():
+            raise RelaxSpecError(f"--method-args expects METHOD='options', got {item!r}")
+        per_method.setdefault(name.strip(), []).extend(shlex.split(options))
     config = LoadtestConfig(
         url=url,
         concurrency=_int_list(concurrency, "concurrency"),
@@ -1015,6 +1028,7 @@ def loadtest_cmd(
         timeout=timeout,
         spawn=spawn,
         spawn_args=spawn_args,
+        method_args=per_method,
         api_key=api_key,
         engine=engine,
         repeats=repeats,

@@ -97,6 +97,7 @@ class LoadtestConfig:
     timeout: float = 600.0
     spawn: bool = False
     spawn_args: list[str] = field(default_factory=list)  # model/parameter options for `relaxspec serve`
+    method_args: dict[str, list[str]] = field(default_factory=dict)  # more options for one method's server
     startup_timeout: float = 300.0
     api_key: str | None = None  # sent as a bearer token; spawned servers get it in their environment
     engine: str = "relaxspec"  # spawned servers: "vllm" = vLLM's server with the plugin (vllm-*: stock)
@@ -291,12 +292,13 @@ class SpawnedServer:
             "--max-concurrency", str(top),
             "--max-queue", str(top),
             *config.spawn_args,
+            *config.method_args.get(method, []),
         ]  # fmt: skip
         if config.engine == "vllm":
             from relaxspec.integrations.vllm.runners import serve_command
 
             where = ["--host", LOOPBACK, "--port", str(self.port)]
-            command = serve_command(method, [*where, *config.spawn_args])
+            command = serve_command(method, [*where, *config.spawn_args, *config.method_args.get(method, [])])
         env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY")}
         if config.api_key:
             env[API_KEY_ENV] = config.api_key  # not on the command line, where `ps` would show it
@@ -365,6 +367,9 @@ def validate(config: LoadtestConfig) -> None:
         or config.server_sets < 1
     ):
         raise RelaxSpecError(f"--server-sets must be an integer >= 1, got {config.server_sets!r}")
+    unknown = sorted(set(config.method_args) - set(config.methods))
+    if unknown:
+        raise RelaxSpecError(f"--method-args for {', '.join(unknown)}, which is not among --method")
     if config.server_sets > 1 and not config.spawn:
         raise RelaxSpecError("--server-sets needs --spawn (fresh server processes per set)")
     if not config.spawn and not config.url.startswith(("http://", "https://")):
