@@ -539,7 +539,7 @@ def test_rows_near_the_context_end_draft_their_shorter_block_as_alone(tokenizer)
 def test_a_failed_batched_draft_leaves_the_shared_cache_as_it_was(model, monkeypatch):
     """A drafter forward that fails after extending the cache (here: after the real forward ran)
     is rolled back to the slots before it: the next draft equals the solo one."""
-    from relaxspec.engine.proposers import diffusion
+    from relaxspec.engine.proposers import rows as diffusion  # where the batched forward runs
     from relaxspec.engine.proposers.diffusion import DiffusionBatch, RowRequest
 
     gen = torch.Generator().manual_seed(2)

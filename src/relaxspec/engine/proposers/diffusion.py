@@ -39,17 +39,16 @@ Sampling-mode exactness (DESIGN §4). An exact (or closed-form relaxed) rule nee
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from relaxspec.core.sampling import SamplingParams, check_finite, processed_probs, sample
-from relaxspec.engine.kv import CachedLM, cache_argument, cache_nbytes, new_cache
-from relaxspec.engine.packed import packed_forward
+from relaxspec.core.sampling import SamplingParams, processed_probs, sample
+from relaxspec.engine.kv import CachedLM
 from relaxspec.engine.proposers.base import Proposal
+from relaxspec.engine.proposers.rows import DraftRows, RowRequest, drafter_hidden, drafter_logits
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import LoadedModel, load_model
 
@@ -130,46 +129,6 @@ def check_drafter(model: PreTrainedModel, mask_token_id: int) -> None:
     vocab = model.get_output_embeddings().weight.shape[0]
     if not (isinstance(mask_token_id, int) and 0 <= mask_token_id < vocab):
         raise RelaxSpecError(f"mask token id {mask_token_id!r} is outside the drafter's vocabulary ({vocab})")
-
-
-def drafter_hidden(
-    model: PreTrainedModel,
-    cache: Any,
-    tokens: torch.Tensor,
-    allowed: torch.Tensor,
-    positions: torch.Tensor,
-) -> torch.Tensor:
-    """One drafter forward with an explicit mask: final (normed) hidden states ``[B, Q, H]``.
-
-    tokens, positions: LongTensor[B, Q]; allowed: BoolTensor[B|1, 1, Q, KV] (True = may attend),
-    KV = the cache's length + Q. The cache grows by Q positions.
-    """
-    packed = packed_forward(model)
-    device = next(model.parameters()).device
-    dtype = torch.float32 if packed is not None else next(model.parameters()).dtype
-    bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min).to(device)
-    if packed is not None:
-        return packed.hidden(tokens.to(device), cache, attention_mask=bias, position_ids=positions.to(device))
-    decoder = model.get_decoder()
-    return decoder(
-        input_ids=tokens.to(device),
-        attention_mask=bias,
-        position_ids=positions.to(device),
-        use_cache=True,
-        **cache_argument(decoder, cache),
-    ).last_hidden_state
-
-
-def drafter_logits(
-    model: PreTrainedModel, hidden: torch.Tensor, name: str = "diffusion drafter"
-) -> torch.Tensor:
-    """LM head on hidden states ``[..., H]`` -> float32 logits ``[..., V]`` (finite-checked)."""
-    packed = packed_forward(model)
-    with torch.inference_mode():
-        head = packed.logits if packed is not None else model.get_output_embeddings()
-        logits = head(hidden).float()
-    check_finite(logits, f"the {name}")
-    return logits
 
 
 class DiffusionLM(CachedLM):
@@ -428,26 +387,7 @@ class DiffusionProposer(DiffusionSettings):
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
-class DraftRow:
-    """One request's row in a :class:`DiffusionBatch`: ``length`` committed tokens are cached."""
-
-    key: str
-    length: int = 0
-
-
-@dataclass
-class RowRequest:
-    """Draft ``k`` tokens after ``ids[1, n]`` for the request ``key``."""
-
-    key: str
-    ids: torch.Tensor
-    k: int
-    params: SamplingParams
-    generator: torch.Generator | None = None
-
-
-class DiffusionBatch(DiffusionSettings):
+class DiffusionBatch(DiffusionSettings, DraftRows):
     """The diffusion drafter for many requests at once: S batched forwards draft every block.
 
     Each request is a row of one position-indexed cache of committed tokens
@@ -463,23 +403,8 @@ class DiffusionBatch(DiffusionSettings):
 
     def __init__(self, model: PreTrainedModel, *args: Any, **settings: Any) -> None:
         """``model`` and the :class:`DiffusionSettings` (γ, S, reveal, mask token)."""
-        from relaxspec.engine.batching import SharedCache  # the batched-cache bookkeeping
-
-        super().__init__(model, *args, **settings)
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
-        self.shared = SharedCache(model)
-        self.rows: dict[str, DraftRow] = {}
-        self.calls = 0  # batched drafter forwards (joining rows' prefills not counted)
-
-    def remove(self, key: str) -> None:
-        """Free the row of request ``key`` (no-op if it has none)."""
-        row = self.rows.pop(key, None)
-        if row is not None:
-            self.shared.remove(row)
-
-    def cache_bytes(self) -> int:
-        """Bytes of the shared cache's buffers (0 once every row is freed)."""
-        return cache_nbytes(self.shared.cache)
+        DiffusionSettings.__init__(self, model, *args, **settings)
+        DraftRows.__init__(self, model, causal_block=False)
 
     @torch.inference_mode()
     def propose(self, requests: list[RowRequest]) -> list[Proposal]:
@@ -507,7 +432,7 @@ class DiffusionBatch(DiffusionSettings):
     def _propose_rows(self, requests: list[RowRequest], orders: list[str], gamma: int) -> list[Proposal]:
         """Draft a γ-slot block for each of ``requests`` together (their reveal ``orders``)."""
         steps = min(self.steps, gamma)
-        joined = [self._row_for(r) for r in requests]  # (row, last token's hidden state if it joined now)
+        joined = [self.join(r) for r in requests]  # (row, last token's hidden state if it joined now)
         rows = [row for row, _ in joined]
         size, vocab = self.model.config.hidden_size, self.model.config.vocab_size
         blocks = [
@@ -519,97 +444,17 @@ class DiffusionBatch(DiffusionSettings):
             fresh = (
                 [r.ids[0, row.length :] for r, row in zip(requests, rows, strict=True)] if s == 0 else None
             )
-            hidden, offset = self._forward(
+            hidden, offset = self.forward(
                 rows, fresh, [b.block for b in blocks], [r.ids.shape[1] for r in requests]
             )
-            if fresh is not None:  # a known row's last committed token is its last fresh slot
-                first = torch.stack(
-                    [h if h is not None else hidden[i, len(fresh[i]) - 1] for i, (_, h) in enumerate(joined)]
-                )
+            if fresh is not None:
+                first = self.first_hidden(joined, fresh, hidden)
             assert first is not None
-            predictors = torch.cat(
-                [first[:, None].to(hidden.dtype), hidden[:, offset : offset + gamma - 1]], dim=1
-            )
-            logits = drafter_logits(self.model, predictors)  # [R, γ, V]
+            predictors = self.predictors(first, hidden, offset, gamma)  # [R, γ, H]
+            logits = drafter_logits(self.model, predictors, "diffusion drafter")  # [R, γ, V]
             for i, block in enumerate(blocks):
                 block.reveal(s, predictors[i], logits[i])
         return [block.proposal(r.k) for block, r in zip(blocks, requests, strict=True)]
-
-    def _row_for(self, request: RowRequest) -> tuple[DraftRow, torch.Tensor | None]:
-        """The request's row and, for a row that joins now, its last committed token's hidden
-        state ``[H]`` (a joining row's committed tokens are prefilled alone, all of them; a known
-        row keeps at most all but the last, whose hidden state the next forward recomputes)."""
-        n = request.ids.shape[1]
-        row = self.rows.get(request.key)
-        if row is not None:
-            if row.length >= n:
-                self.shared.rollback(row, n - 1)
-                row.length = n - 1
-            return row, None
-        single = new_cache(self.model)
-        causal = inference_bias(0, n, 0, torch.float32) == 0
-        hidden = drafter_hidden(self.model, single, request.ids, causal, torch.arange(n)[None])
-        row = self.rows[request.key] = DraftRow(request.key, length=n)
-        self.shared.insert(row, single, n)
-        return row, hidden[0, -1]
-
-    def _forward(
-        self,
-        rows: list[DraftRow],
-        fresh: list[torch.Tensor] | None,
-        blocks: list[torch.Tensor],
-        committed: list[int],
-    ) -> tuple[torch.Tensor, int]:
-        """One batched drafter forward over every row of the shared cache.
-
-        Drafted row i (``rows[i]``, ``committed[i]`` tokens committed) feeds ``fresh[i]``, the
-        committed tokens its cache lacks (step 0 only), then its γ block slots ``blocks[i]``;
-        other rows feed holes. A fresh slot attends causally (its row's valid cached slots and
-        the fresh slots up to its own), a block slot to all of its row's committed slots and to
-        the whole block (:func:`attention_bias`); a hole only to itself. Returns the drafted
-        rows' hidden states ``[R, L + γ, H]`` and ``L``, the block's offset; the fresh slots stay
-        in the cache (as valid slots of their rows), the block slots are cropped.
-        """
-        shared = self.shared
-        B, T, gamma = len(shared.rows), shared.physical_length, blocks[0].shape[0]
-        L = max((len(f) for f in fresh), default=0) if fresh is not None else 0
-        Q = L + gamma
-        at = {id(row): b for b, row in enumerate(shared.rows)}
-        tokens = torch.zeros((B, Q), dtype=torch.long)
-        positions = torch.zeros((B, Q), dtype=torch.long)
-        fed = torch.zeros((B, L), dtype=torch.bool)  # valid fresh committed slots
-        in_block = torch.zeros((B, 1), dtype=torch.bool)  # drafted rows
-        for i, row in enumerate(rows):
-            b, f = at[id(row)], 0 if fresh is None else len(fresh[i])
-            if f:
-                tokens[b, :f], positions[b, :f], fed[b, :f] = fresh[i], row.length + torch.arange(f), True
-            tokens[b, L:], positions[b, L:] = blocks[i], committed[i] + torch.arange(gamma)
-            in_block[b] = True
-        committed_keys = torch.cat([shared.valid, fed], dim=1)  # [B, T + L]
-        allowed = torch.zeros((B, Q, T + Q), dtype=torch.bool)
-        allowed[:, :L, : T + L] = fed[:, :, None] & committed_keys[:, None, :]
-        allowed[:, :L, T : T + L] &= torch.ones(L, L, dtype=torch.bool).tril()
-        allowed[:, L:, : T + L] = in_block[:, :, None] & committed_keys[:, None, :]
-        allowed[:, L:, T + L :] = in_block[:, :, None]
-        slot = torch.arange(Q)
-        allowed[:, slot, T + slot] |= ~torch.cat(
-            [fed, in_block.expand(B, gamma)], dim=1
-        )  # holes see themselves
-        try:
-            hidden = drafter_hidden(self.model, shared.cache, tokens, allowed[:, None], positions)
-        except BaseException:
-            shared.truncate(T)  # layers the failed forward already extended: back to T slots
-            raise
-        self.calls += 1
-        shared.cache.crop(-gamma)  # the block slots' KV never survives a step
-        shared.valid = torch.cat([shared.valid, fed], dim=1)
-        shared.position = torch.cat([shared.position, torch.where(fed, positions[:, :L], -1)], dim=1)
-        for i, row in enumerate(rows):
-            row.length += 0 if fresh is None else len(fresh[i])
-        drafted = hidden[[at[id(row)] for row in rows]]
-        if L:
-            shared.trim_and_compact()
-        return drafted, L
 
 
 # ---------------------------------------------------------------------------------------------
