@@ -316,3 +316,79 @@ def test_model_card_without_history(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "training.json").write_text("{}")
     assert "# block — MARS block proposer" in write_model_card(tmp_path).read_text()
+
+
+def _block_model(seed: int = 3):
+    from relaxspec.engine.proposers.block import BLOCK_SIZE_ATTR, MASK_ID_ATTR
+
+    model = tiny_llama(12, seed=seed, logit_scale=4.0)
+    setattr(model.config, BLOCK_SIZE_ATTR, 6)
+    setattr(model.config, MASK_ID_ATTR, MASK)
+    return model
+
+
+@pytest.mark.parametrize("kernels", ["transformers", "packed"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batched_block_drafts_equal_each_requests_solo_drafts(kernels, temperature):
+    """BlockBatch (one forward for every row) against a BlockProposer per request, over rounds
+    with uneven commits, a re-draft at the same length, a row leaving, a long prompt joining, a
+    row skipped and rows asking for different k: same tokens, laws q and confidences."""
+    from relaxspec.core.sampling import SamplingParams
+    from relaxspec.engine import packed
+    from relaxspec.engine.proposers.block import BlockBatch
+    from relaxspec.engine.proposers.rows import RowRequest
+
+    model = _block_model()
+    if kernels == "packed":
+        fast = type(model)(model.config).eval()
+        fast.load_state_dict(model.state_dict())
+        assert packed.attach(fast, "packed") == "packed"
+        model = fast
+    gen = torch.Generator().manual_seed(11)
+    ids = {key: torch.randint(3, 12, (1, n), generator=gen) for key, n in (("a", 5), ("b", 9), ("c", 1))}
+    params = SamplingParams(temperature=temperature, seed=0)
+    gens = {
+        k: (torch.Generator().manual_seed(v), torch.Generator().manual_seed(v))
+        for k, v in zip("abcd", range(4), strict=True)
+    }
+    batch, solos = BlockBatch(model, 6), {}
+    for rnd in range(6):
+        if rnd == 3:
+            batch.remove("a")
+            del ids["a"]
+            ids["d"] = torch.randint(3, 12, (1, 30), generator=gen)
+        keys = [k for k in ids if not (rnd == 4 and k == "b")]
+        ks = {key: 6 if (rnd + i) % 2 else 3 for i, key in enumerate(keys)}
+        got = batch.propose(
+            [RowRequest(k, ids[k], ks[k], params, gens[k][0] if temperature else None) for k in keys]
+        )
+        for key, out in zip(keys, got, strict=True):
+            solo = solos.setdefault(key, BlockProposer(model, 6))
+            want = solo.propose(ids[key], ks[key], params, gens[key][1] if temperature else None)
+            assert out.tokens.tolist() == want.tokens.tolist(), (rnd, key)
+            torch.testing.assert_close(out.probs, want.probs, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(out.confidence, want.confidence, atol=1e-5, rtol=1e-4)
+            assert batch.rows[key].length == ids[key].shape[1]  # committed tokens only
+        for key in keys:
+            if not (rnd == 2 and key == "c"):
+                grow = int(torch.randint(1, 5, (1,), generator=gen))
+                ids[key] = torch.cat([ids[key], torch.randint(3, 12, (1, grow), generator=gen)], 1)
+    for key in list(ids):
+        batch.remove(key)
+    assert batch.rows == {} and batch.cache_bytes() == 0
+
+
+def test_batched_block_drafts_refuse_bad_requests():
+    from relaxspec.core.sampling import SamplingParams
+    from relaxspec.engine.proposers.block import BlockBatch
+    from relaxspec.engine.proposers.rows import RowRequest
+
+    batch = BlockBatch(_block_model(), 4)
+    ids, greedy = torch.tensor([[3, 4, 5]]), SamplingParams(temperature=0)
+    with pytest.raises(RelaxSpecError, match="asked for 5"):
+        batch.propose([RowRequest("a", ids, 5, greedy)])
+    with pytest.raises(RelaxSpecError, match="at most once"):
+        batch.propose([RowRequest("a", ids, 2, greedy), RowRequest("a", ids, 2, greedy)])
+    with pytest.raises(RelaxSpecError, match="larger than the block size"):
+        BlockBatch(_block_model(), 7)
+    assert batch.rows == {}

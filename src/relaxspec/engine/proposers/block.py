@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from relaxspec.core.sampling import SamplingParams, processed_probs, sample
 from relaxspec.engine.kv import make_lm
 from relaxspec.engine.proposers.base import Proposal
+from relaxspec.engine.proposers.rows import DraftRows, RowRequest, drafter_logits
 from relaxspec.errors import RelaxSpecError
 
 # Config attributes a block proposer carries (written by relaxspec.train.block at training).
@@ -61,6 +62,28 @@ def check_block_size(block_size: object, trained: int) -> int:
     return block_size
 
 
+def block_settings(model: PreTrainedModel, block_size: int, mask_token_id: int | None) -> tuple[int, int]:
+    """Validated ``(block_size, placeholder id)`` (default: the id recorded at training)."""
+    block_size = check_block_size(block_size, trained_block_size(model))
+    if mask_token_id is None:
+        mask_token_id = getattr(model.config, MASK_ID_ATTR, None)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab:
+        raise RelaxSpecError(
+            f"the block proposer needs a placeholder token id in [0, {vocab}), got {mask_token_id!r}"
+        )
+    return block_size, mask_token_id
+
+
+def draw_block(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> Proposal:
+    """``d_1..d_k`` from the block's raw logits ``[1, k, V]`` (ProVe §2): ``q_i`` processed laws,
+    each token drawn from its own (argmax when greedy), confidence ``q_i(d_i)``."""
+    q = processed_probs(logits, params)  # [1, k, V]
+    tokens = sample(q, generator, params.greedy)  # [1, k]
+    confidence = q.gather(-1, tokens[..., None]).squeeze(-1)  # [1, k]
+    return Proposal(tokens=tokens, probs=q, confidence=confidence)
+
+
 class BlockProposer:
     """Draft up to ``block_size`` tokens per cycle with one forward of a block-trained causal LM.
 
@@ -72,15 +95,7 @@ class BlockProposer:
     name = "block"
 
     def __init__(self, model: PreTrainedModel, block_size: int, mask_token_id: int | None = None) -> None:
-        self.block_size = check_block_size(block_size, trained_block_size(model))
-        if mask_token_id is None:
-            mask_token_id = getattr(model.config, MASK_ID_ATTR, None)
-        vocab = model.get_input_embeddings().weight.shape[0]
-        if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab:
-            raise RelaxSpecError(
-                f"the block proposer needs a placeholder token id in [0, {vocab}), got {mask_token_id!r}"
-            )
-        self.mask_token_id = mask_token_id
+        self.block_size, self.mask_token_id = block_settings(model, block_size, mask_token_id)
         self.lm = make_lm(model, name="block proposer")
 
     @classmethod
@@ -116,10 +131,56 @@ class BlockProposer:
         self, ids: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
         """Draft ``d_1..d_k`` (ProVe §2): ``q_i`` processed laws, confidence ``q_i(d_i)``."""
-        q = processed_probs(self.block_logits(ids, k), params)  # [1, k, V]
-        tokens = sample(q, generator, params.greedy)  # [1, k]
-        confidence = q.gather(-1, tokens[..., None]).squeeze(-1)  # [1, k]
-        return Proposal(tokens=tokens, probs=q, confidence=confidence)
+        return draw_block(self.block_logits(ids, k), params, generator)
 
     def rollback(self, length: int) -> None:
         self.lm.rollback(length)
+
+
+class BlockBatch(DraftRows):
+    """The block proposer for many requests at once: one batched forward drafts every row's block.
+
+    Each request is a row of one cache of committed tokens (:class:`DraftRows`); a draft feeds
+    every drafted row's uncached committed tokens and k placeholders (causal: as
+    :meth:`BlockProposer.block_logits` feeds k − 1 — the last placeholder's output is not used,
+    and causal attention keeps it from changing the others), crops the placeholders, and draws
+    each row's tokens as :class:`BlockProposer` does: a row's draft equals its solo draft (up to
+    floating-point summation order). :meth:`remove` frees a finished request's row.
+    """
+
+    name = "block"
+
+    def __init__(self, model: PreTrainedModel, block_size: int, mask_token_id: int | None = None) -> None:
+        self.block_size, self.mask_token_id = block_settings(model, block_size, mask_token_id)
+        super().__init__(model, causal_block=True)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[RowRequest]) -> list[Proposal]:
+        """One proposal per request, in order (each request's key at most once); rows asking for
+        different k are drafted in one forward per k."""
+        if len({r.key for r in requests}) != len(requests):
+            raise RelaxSpecError("a request may be drafted at most once per batch")
+        for r in requests:
+            room = self.context_length - r.ids.shape[1]
+            if not 1 <= r.k <= min(self.block_size, room):
+                raise RelaxSpecError(
+                    f"a block proposal has 1..{min(self.block_size, room)} tokens here, asked for {r.k}"
+                )
+        proposals: dict[int, Proposal] = {}
+        for k in sorted({r.k for r in requests}, reverse=True):
+            group = [i for i, r in enumerate(requests) if r.k == k]
+            drafted = self._propose_rows([requests[i] for i in group], k)
+            proposals.update(zip(group, drafted, strict=True))
+        return [proposals[i] for i in range(len(requests))]
+
+    def _propose_rows(self, requests: list[RowRequest], k: int) -> list[Proposal]:
+        joined = [self.join(r) for r in requests]
+        rows = [row for row, _ in joined]
+        fresh = [r.ids[0, row.length :] for r, row in zip(requests, rows, strict=True)]
+        placeholders = torch.full((k,), self.mask_token_id, dtype=torch.long)
+        hidden, offset = self.forward(
+            rows, fresh, [placeholders] * len(rows), [r.ids.shape[1] for r in requests]
+        )
+        predictors = self.predictors(self.first_hidden(joined, fresh, hidden), hidden, offset, k)  # [R, k, H]
+        logits = drafter_logits(self.model, predictors, "block proposer")  # [R, k, V]
+        return [draw_block(logits[i][None], r.params, r.generator) for i, r in enumerate(requests)]

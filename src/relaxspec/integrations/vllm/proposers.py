@@ -195,20 +195,21 @@ def request_sampling(params: Any) -> SamplingParams:
 
 @dataclass
 class _RowState:
-    proposer: Any  # a relaxspec proposer with its own context cache (DiffusionProposer, BlockProposer)
     params: SamplingParams
     generator: torch.Generator | None
 
 
 class OwnCacheDrafter:
-    """vLLM custom proposer (``method="custom_class"``) running a relaxspec proposer per request.
+    """vLLM custom proposer (``method="custom_class"``) drafting a step's rows together.
 
     Constructed by vLLM with the ``VllmConfig`` in every worker; options from
     ``additional_config[config_key]`` (``path`` and the subclass's own). ``num_speculative_tokens``
-    (K) drafts per request per step. Each request gets its own proposer (with its own context
-    cache, rolled back to the committed length each step) on its first draft, freed when vLLM
-    reports the request finished; each row's real ``q`` goes to the acceptance step. Subclasses
-    say how to load the model (:meth:`_load`) and make a proposer (:meth:`_new_proposer`).
+    (K) drafts per request per step (at most the step's K of vLLM's batch-size schedule, see
+    :meth:`bind`). Every row of a step is drafted in one call of the subclass's batch
+    (:class:`~relaxspec.engine.proposers.rows.DraftRows`: a row per request id in one context
+    cache, created on the request's first draft, freed when vLLM reports the request finished);
+    each row's real ``q`` goes to the acceptance step. Subclasses load the model and make the
+    batch (:meth:`_load`) and check a request's sampling parameters (:meth:`_check_request`).
     """
 
     relaxspec_proposer = True  # the plugin binds the runner and collects q for classes with this
@@ -227,6 +228,7 @@ class OwnCacheDrafter:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.target_vocab = int(vllm_config.model_config.get_vocab_size())
         self.model: Any = None
+        self.batch: Any = None  # a DraftRows subclass with propose(list[RowRequest]) (set by _load)
         self.runner: Any = None
         self.k_now = self.k  # this step's draft length (see bind)
         self.states: dict[str, _RowState] = {}
@@ -239,11 +241,11 @@ class OwnCacheDrafter:
     # -- what a subclass provides ------------------------------------------------------------------
 
     def _load(self) -> Any:
-        """The drafter model (eval mode), validated for ``self.k``."""
+        """The drafter model (eval mode), validated for ``self.k``; sets ``self.batch``."""
         raise NotImplementedError
 
-    def _new_proposer(self, params: SamplingParams) -> Any:
-        raise NotImplementedError
+    def _check_request(self, params: SamplingParams) -> None:
+        """Refuse sampling parameters the drafter cannot serve exactly (one clear error)."""
 
     # -- vLLM's hooks ----------------------------------------------------------------------------
 
@@ -309,13 +311,14 @@ class OwnCacheDrafter:
         return drafts
 
     def _draft(self, wanted: list[tuple[str, torch.Tensor, int]]) -> list[Any]:
-        """One proposal per ``(request id, committed ids [1, n], k)``: each request's own proposer,
-        one after another."""
-        proposals = []
+        """One proposal per ``(request id, committed ids [1, n], k)``, all rows in one batch call."""
+        from relaxspec.engine.proposers.rows import RowRequest
+
+        requests = []
         for req_id, ids, k in wanted:
             state = self._state(req_id)
-            proposals.append(state.proposer.propose(ids, k, state.params, state.generator))
-        return proposals
+            requests.append(RowRequest(req_id, ids, k, state.params, state.generator))
+        return self.batch.propose(requests)
 
     # -- per-request state -----------------------------------------------------------------------
 
@@ -327,7 +330,8 @@ class OwnCacheDrafter:
             generator = None
             if params.seed is not None and not params.greedy:
                 generator = torch.Generator().manual_seed(params.seed)
-            state = self.states[req_id] = _RowState(self._new_proposer(params), params, generator)
+            self._check_request(params)
+            state = self.states[req_id] = _RowState(params, generator)
             self.created += 1
             self._event("create", req_id)
         return state
@@ -337,22 +341,17 @@ class OwnCacheDrafter:
         with self._lock:
             for req_id in req_ids or ():
                 if self.states.pop(req_id, None) is not None:
-                    self._forget(req_id)
+                    self.batch.remove(req_id)
                     self.freed += 1
                     self._event("free", req_id)
-
-    def _forget(self, req_id: str) -> None:
-        """Free what a subclass keeps for a request outside its state (nothing here)."""
 
     def _event(self, what: str, req_id: str) -> None:
         self.events.append((what, req_id, len(self.states)))
         del self.events[:-256]
 
     def state_bytes(self) -> int:
-        """Bytes of the live requests' drafter caches."""
-        from relaxspec.engine.kv import cache_nbytes
-
-        return sum(cache_nbytes(s.proposer.lm.cache) for s in self.states.values() if s.proposer is not None)
+        """Bytes of the live requests' drafter cache (0 once every request is freed)."""
+        return self.batch.cache_bytes() if self.batch is not None else 0
 
     def state_info(self) -> dict[str, Any]:
         """Live per-request states (ids, bytes) and counts, for ``collective_rpc``/tests."""
@@ -376,10 +375,8 @@ class DiffusionDrafter(OwnCacheDrafter):
     """relaxspec's masked-diffusion drafter as a vLLM custom proposer.
 
     Options in ``additional_config["relaxspec_diffusion"]``: ``path``, ``gamma``, ``steps``,
-    ``reveal``; ``K ≤ γ``. Every row of a step is drafted at once
-    (:class:`~relaxspec.engine.proposers.diffusion.DiffusionBatch`: S batched forwards over one
-    shared context cache, a joining request's prompt prefilled alone); a request's state is its
-    sampling parameters and generator, and its row of that cache.
+    ``reveal``; ``K ≤ γ``. A step's rows are drafted by
+    :class:`~relaxspec.engine.proposers.diffusion.DiffusionBatch` (S batched forwards).
     """
 
     config_key = CONFIG_KEY
@@ -389,7 +386,6 @@ class DiffusionDrafter(OwnCacheDrafter):
         super().__init__(vllm_config)
         self.gamma, self.steps = self.options.get("gamma"), self.options.get("steps")
         self.reveal = self.options.get("reveal") or "auto"
-        self.batch: Any = None
 
     def _load(self) -> Any:
         from relaxspec.engine.proposers.diffusion import DiffusionBatch
@@ -411,25 +407,8 @@ class DiffusionDrafter(OwnCacheDrafter):
         )
         return model
 
-    def _new_proposer(self, params: SamplingParams) -> Any:
+    def _check_request(self, params: SamplingParams) -> None:
         self.batch.reveal_order(params)  # clear error for an inexact combination
-        return None  # the request's row lives in self.batch
-
-    def _draft(self, wanted: list[tuple[str, torch.Tensor, int]]) -> list[Any]:
-        from relaxspec.engine.proposers.diffusion import RowRequest
-
-        requests = []
-        for req_id, ids, k in wanted:
-            state = self._state(req_id)
-            requests.append(RowRequest(req_id, ids, k, state.params, state.generator))
-        return self.batch.propose(requests)
-
-    def _forget(self, req_id: str) -> None:
-        if self.batch is not None:
-            self.batch.remove(req_id)
-
-    def state_bytes(self) -> int:
-        return self.batch.cache_bytes() if self.batch is not None else 0
 
     def _info(self) -> dict[str, Any]:
         return {"gamma": self.gamma, "steps": self.steps}
@@ -441,8 +420,9 @@ class BlockDrafter(OwnCacheDrafter):
     The other seam for the block model (``proposer="block-cache"``): where vLLM's parallel
     drafting feeds the drafter every verified position again (rejected ones included) plus the
     placeholders, 2K positions per step, this one feeds only the committed tokens its cache lacks
-    plus K − 1 placeholders (≈ τ + K − 1), as relaxspec's engine does; it gives up vLLM's batched
-    drafter forward (rows are drafted one after another) and its KV accounting. Options in
+    plus K placeholders (≈ τ + K), as relaxspec's engine does, for a step's rows in one forward
+    (:class:`~relaxspec.engine.proposers.block.BlockBatch`); it gives up vLLM's KV accounting and
+    async scheduling (custom proposers run synchronously). Options in
     ``additional_config["relaxspec_block"]``: ``path``; ``K ≤`` the trained block size.
     """
 
@@ -450,7 +430,7 @@ class BlockDrafter(OwnCacheDrafter):
     label = "block proposer"
 
     def _load(self) -> Any:
-        from relaxspec.engine.proposers.block import trained_block_size
+        from relaxspec.engine.proposers.block import BlockBatch, trained_block_size
         from relaxspec.methods import load_role
 
         model = load_role("block", self.path).model  # with relaxspec's decoding kernels
@@ -459,13 +439,9 @@ class BlockDrafter(OwnCacheDrafter):
             raise RelaxSpecError(
                 f"num_speculative_tokens ({self.k}) exceeds the block proposer's trained size ({trained})"
             )
-        log.info("relaxspec block drafter %s (own cache): k=%d", self.path, self.k)
+        self.batch = BlockBatch(model, self.k)
+        log.info("relaxspec block drafter %s (own cache): k=%d (rows drafted together)", self.path, self.k)
         return model
-
-    def _new_proposer(self, params: SamplingParams) -> Any:
-        from relaxspec.engine.proposers.block import BlockProposer
-
-        return BlockProposer(self.model, self.k)
 
 
 def proposer_state(runner: Any) -> dict[str, Any] | None:
