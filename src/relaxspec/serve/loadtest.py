@@ -284,6 +284,7 @@ class SpawnedServer:
         self.url = f"http://{LOOPBACK}:{self.port}"
         top = max(config.concurrency)
         self.log_path = log_dir / f"serve-{method}.log"
+        options = [*config.spawn_args, *config.method_args.get(method, [])]
         command = [
             sys.executable, "-m", "relaxspec.cli", "serve",
             "--method", method,
@@ -291,14 +292,13 @@ class SpawnedServer:
             "--port", str(self.port),
             "--max-concurrency", str(top),
             "--max-queue", str(top),
-            *config.spawn_args,
-            *config.method_args.get(method, []),
+            *options,
         ]  # fmt: skip
         if config.engine == "vllm":
             from relaxspec.integrations.vllm.runners import serve_command
 
             where = ["--host", LOOPBACK, "--port", str(self.port)]
-            command = serve_command(method, [*where, *config.spawn_args, *config.method_args.get(method, [])])
+            command = serve_command(method, [*where, *options])
         env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY")}
         if config.api_key:
             env[API_KEY_ENV] = config.api_key  # not on the command line, where `ps` would show it

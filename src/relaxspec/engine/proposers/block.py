@@ -158,20 +158,17 @@ class BlockBatch(DraftRows):
     def propose(self, requests: list[RowRequest]) -> list[Proposal]:
         """One proposal per request, in order (each request's key at most once); rows asking for
         different k are drafted in one forward per k."""
-        if len({r.key for r in requests}) != len(requests):
-            raise RelaxSpecError("a request may be drafted at most once per batch")
         for r in requests:
             room = self.context_length - r.ids.shape[1]
             if not 1 <= r.k <= min(self.block_size, room):
                 raise RelaxSpecError(
                     f"a block proposal has 1..{min(self.block_size, room)} tokens here, asked for {r.k}"
                 )
-        proposals: dict[int, Proposal] = {}
-        for k in sorted({r.k for r in requests}, reverse=True):
-            group = [i for i, r in enumerate(requests) if r.k == k]
-            drafted = self._propose_rows([requests[i] for i in group], k)
-            proposals.update(zip(group, drafted, strict=True))
-        return [proposals[i] for i in range(len(requests))]
+        return self.in_groups(
+            requests,
+            [r.k for r in requests],
+            lambda idx, k: self._propose_rows([requests[i] for i in idx], k),
+        )
 
     def _propose_rows(self, requests: list[RowRequest], k: int) -> list[Proposal]:
         joined = [self.join(r) for r in requests]

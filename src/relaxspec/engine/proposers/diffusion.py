@@ -390,12 +390,9 @@ class DiffusionProposer(DiffusionSettings):
 class DiffusionBatch(DiffusionSettings, DraftRows):
     """The diffusion drafter for many requests at once: S batched forwards draft every block.
 
-    Each request is a row of one position-indexed cache of committed tokens
-    (:class:`~relaxspec.engine.batching.SharedCache`: per-row validity masks and logical positions,
-    holes compacted when they outnumber valid slots). A row's first draft prefills its committed
-    tokens alone (a long prompt never pads the batch) and joins; every later draft feeds, for every
-    drafted row at once, the committed tokens its cache lacks and its γ block slots (step 0), then
-    the γ slots alone (steps 1 .. S − 1); the block slots are cropped after each step, as in
+    Each request is a row of :class:`~relaxspec.engine.proposers.rows.DraftRows`; step 0 feeds
+    every drafted row's uncached committed tokens and its γ block slots (bidirectional inside the
+    block), steps 1 .. S − 1 the γ slots alone; the block slots are cropped after each step, as in
     :meth:`DiffusionProposer.propose`, whose per-row decoding (:class:`BlockDenoiser`) it shares:
     a row's draft equals the one a :class:`DiffusionProposer` makes for it alone (up to
     floating-point summation order). :meth:`remove` frees a finished request's row.
@@ -412,8 +409,6 @@ class DiffusionBatch(DiffusionSettings, DraftRows):
 
         Costs one prefill per joining row, then S batched forwards for all of them.
         """
-        if len({r.key for r in requests}) != len(requests):
-            raise RelaxSpecError("a request may be drafted at most once per batch")
         # γ shrinks only where the context window ends first: rows drafted together share it
         gammas = [min(self.gamma, self.context_length - r.ids.shape[1]) for r in requests]
         for r, gamma in zip(requests, gammas, strict=True):
@@ -422,12 +417,13 @@ class DiffusionBatch(DiffusionSettings, DraftRows):
                     f"cannot draft {r.k} tokens with a block of {gamma} (gamma={self.gamma})"
                 )
         orders = [self.reveal_order(r.params) for r in requests]  # fails before any state changes
-        proposals: dict[int, Proposal] = {}
-        for gamma in sorted(set(gammas), reverse=True):
-            group = [i for i, g in enumerate(gammas) if g == gamma]
-            drafted = self._propose_rows([requests[i] for i in group], [orders[i] for i in group], gamma)
-            proposals.update(zip(group, drafted, strict=True))
-        return [proposals[i] for i in range(len(requests))]
+        return self.in_groups(
+            requests,
+            gammas,
+            lambda idx, gamma: self._propose_rows(
+                [requests[i] for i in idx], [orders[i] for i in idx], gamma
+            ),
+        )
 
     def _propose_rows(self, requests: list[RowRequest], orders: list[str], gamma: int) -> list[Proposal]:
         """Draft a γ-slot block for each of ``requests`` together (their reveal ``orders``)."""

@@ -15,6 +15,7 @@ token, that of token j the hidden state of block slot j − 1.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,8 @@ from transformers import PreTrainedModel
 from relaxspec.core.sampling import SamplingParams, check_finite
 from relaxspec.engine.kv import cache_argument, cache_nbytes, new_cache
 from relaxspec.engine.packed import packed_forward
+from relaxspec.engine.proposers.base import Proposal
+from relaxspec.errors import RelaxSpecError
 
 
 def drafter_hidden(
@@ -110,6 +113,23 @@ class DraftRows:
         return cache_nbytes(self.shared.cache)
 
     @staticmethod
+    def in_groups(
+        requests: Sequence[RowRequest],
+        groups: Sequence[int],
+        draft: Callable[[list[int], int], list[Proposal]],
+    ) -> list[Proposal]:
+        """Proposals for ``requests`` in their order: those with the same ``groups`` value (a
+        block length) are drafted together by ``draft(indices, value)``, largest value first.
+        Call it after validating every request: nothing has changed before it raises."""
+        if len({r.key for r in requests}) != len(requests):
+            raise RelaxSpecError("a request may be drafted at most once per batch")
+        proposals: dict[int, Proposal] = {}
+        for value in sorted(set(groups), reverse=True):
+            indices = [i for i, g in enumerate(groups) if g == value]
+            proposals.update(zip(indices, draft(indices, value), strict=True))
+        return [proposals[i] for i in range(len(requests))]
+
+    @staticmethod
     def first_hidden(
         joined: list[tuple[DraftRow, torch.Tensor | None]], fresh: list[torch.Tensor], hidden: torch.Tensor
     ) -> torch.Tensor:
@@ -155,10 +175,10 @@ class DraftRows:
         committed tokens its cache lacks (step 0 only), then its γ block slots ``blocks[i]``;
         other rows feed holes. A fresh slot attends causally (its row's valid cached slots and
         the fresh slots up to its own), a block slot to all of its row's committed slots and to
-        the whole block (or, with ``causal_block``, to the block slots up to its own); a hole only to
-        itself. Returns the drafted
-        rows' hidden states ``[R, L + γ, H]`` and ``L``, the block's offset; the fresh slots stay
-        in the cache (as valid slots of their rows), the block slots are cropped.
+        the whole block (or, with ``causal_block``, to the block slots up to its own); a hole only
+        to itself. Returns the drafted rows' hidden states ``[R, L + γ, H]`` and ``L``, the
+        block's offset; the fresh slots stay in the cache (as valid slots of their rows), the
+        block slots are cropped.
         """
         shared = self.shared
         B, T, gamma = len(shared.rows), shared.physical_length, blocks[0].shape[0]

@@ -287,17 +287,22 @@ class OwnCacheDrafter:
         req_ids = list(runner.input_batch.req_ids)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         rows: list[tuple[int, torch.Tensor]] = []
+        from relaxspec.engine.proposers.rows import RowRequest
+
         with self._lock:
-            wanted: list[tuple[int, str, torch.Tensor, int]] = []  # (row, request id, ids [1, n], k)
+            drafted: list[int] = []  # batch rows drafted this step, one RowRequest each
+            requests: list[RowRequest] = []
             for i, sampled in enumerate(sampled_token_ids):
                 n = int(num_tokens_no_spec[i])
                 k = min(self.k_now, self.max_model_len - 1 - n, self.model.config.max_position_embeddings - n)
                 if sampled and k >= 1 and i < len(req_ids):
+                    state = self._state(req_ids[i])
                     ids = torch.as_tensor(token_ids_cpu[i, :n], dtype=torch.long)[None]
-                    wanted.append((i, req_ids[i], ids, k))
+                    drafted.append(i)
+                    requests.append(RowRequest(req_ids[i], ids, k, state.params, state.generator))
             with torch.inference_mode():
-                proposals = self._draft([(req_id, ids, k) for _, req_id, ids, k in wanted])
-            for (i, *_), proposal in zip(wanted, proposals, strict=True):
+                proposals = self.batch.propose(requests)  # every row in one batched draft
+            for i, proposal in zip(drafted, proposals, strict=True):
                 drafts[i] = proposal.tokens[0].tolist()
                 if proposal.probs is not None:
                     rows.append((i, proposal.probs[0]))
@@ -309,16 +314,6 @@ class OwnCacheDrafter:
                 probs[i, : q.shape[0]] = q
             self._last_draft_probs = probs
         return drafts
-
-    def _draft(self, wanted: list[tuple[str, torch.Tensor, int]]) -> list[Any]:
-        """One proposal per ``(request id, committed ids [1, n], k)``, all rows in one batch call."""
-        from relaxspec.engine.proposers.rows import RowRequest
-
-        requests = []
-        for req_id, ids, k in wanted:
-            state = self._state(req_id)
-            requests.append(RowRequest(req_id, ids, k, state.params, state.generator))
-        return self.batch.propose(requests)
 
     # -- per-request state -----------------------------------------------------------------------
 
