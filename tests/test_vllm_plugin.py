@@ -213,6 +213,78 @@ def test_greedy_rows_nucleus_theta_to_zero_is_exact_greedy():
     assert (relaxed != -1).sum() > (exact != -1).sum()
 
 
+MASK = 7  # the placeholder id of the fused-seam tests below
+
+
+def law(*order: int) -> torch.Tensor:
+    """A law over V tokens ranked by ``order`` (first = most likely)."""
+    logits = torch.full((V,), -4.0)
+    for rank, token in enumerate(order):
+        logits[token] = 3.0 - rank
+    return torch.softmax(logits, -1)
+
+
+def fused_call(rows, p, q, bonus, md):
+    rejection.set_fused_mask(MASK)
+    try:
+        out = call(rows, p, q, bonus, md)
+        return out, rejection.take_fused_drafts()
+    finally:
+        rejection.set_fused_mask(None)
+
+
+def test_fused_rows_end_at_the_placeholder_and_draw_the_next_block_when_all_are_accepted():
+    """seam=fused: a row's drafts end at its first placeholder; the token after them is the
+    target's (not vLLM's bonus); when every draft is accepted, the target's laws at all but the
+    last placeholder give the next drafts (argmax when greedy, the placeholder never drafted)."""
+    rows = [
+        [2, 3, MASK, MASK, MASK],  # both accepted: emits 2, 3, then the law after 3 (-> 5)
+        [2, 3, MASK, MASK, MASK],  # 3 rejected (target wants 6): emits 2, 6; no next block
+        [MASK, MASK, MASK],  # placeholders only: the target's own token and two drafts
+        [2, MASK],  # one placeholder: drafts accepted but no law left for a next draft
+    ]
+    p = [
+        torch.stack([law(2), law(3), law(5), law(MASK, 4), law(1)]),
+        torch.stack([law(2), law(6), law(5), law(4), law(1)]),
+        torch.stack([law(4), law(MASK, 0), law(6)]),
+        torch.stack([law(2), law(3)]),
+    ]
+    out, nxt = fused_call(rows, p, None, [1, 1, 1, 1], metadata([0.0] * 4))
+    assert out[0, :3].tolist() == [2, 3, 5] and (out[0, 3:] == -1).all()
+    assert out[1, :2].tolist() == [2, 6] and (out[1, 2:] == -1).all()
+    assert out[2, 0].item() == 4 and (out[2, 1:] == -1).all()
+    assert out[3, :2].tolist() == [2, 3]  # the law after the draft, at the placeholder slot
+    assert sorted(nxt) == [0, 2]
+    tokens, q = nxt[0]
+    assert tokens.tolist() == [4, 1] and q.shape == (2, V)
+    assert torch.all(q[:, MASK] == 0) and torch.allclose(q.sum(-1), torch.ones(2))
+    assert nxt[2][0].tolist() == [0, 6]
+    assert rejection.take_fused_drafts() == {}  # taken once
+
+
+def test_fused_rows_are_exact_when_sampling_and_draw_drafts_from_the_placeholder_laws():
+    """T = 1, rows [d, placeholder, placeholder] with d ~ q: the first emitted token follows p (the
+    cut at the placeholder is an ordinary rejection), and each next draft follows the target's law
+    at the first placeholder without the placeholder id."""
+    n = 60_000
+    torch.manual_seed(7)
+    q_law = Q.clone()
+    q_law[MASK] = 0
+    q_law /= q_law.sum()
+    drafts = torch.multinomial(q_law, n, replacement=True)
+    at_placeholder = law(MASK, 0, 1, 2, 3)
+    rows = [[int(d), MASK, MASK] for d in drafts]
+    p = [torch.stack([P, P, at_placeholder])] * n
+    q = [torch.stack([q_law, q_law, q_law])] * n
+    out, nxt = fused_call(rows, p, q, [0] * n, metadata([1.0] * n))
+    assert_law(torch.bincount(out[:, 0].long(), minlength=V).double(), P)
+    next_drafts = torch.cat([t for t, _ in nxt.values()])
+    assert len(nxt) == int((out[:, 1] >= 0).sum())  # a next block exactly where d was accepted
+    expected = at_placeholder.clone()
+    expected[MASK] = 0
+    assert_law(torch.bincount(next_drafts, minlength=V).double(), expected)
+
+
 def test_counters_count_relaxed_acceptances_per_position():
     rejection.COUNTERS.reset()
     torch.manual_seed(3)

@@ -8,6 +8,7 @@ target, and prove (Gate, small verifier = models/draft).
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -49,6 +50,13 @@ def prove_lossless():
 @pytest.fixture(scope="module")
 def prove_lossless_own_cache():
     engine = VLLMEngine("sd", target=model_dir("block"), proposer="block-cache", k=8, **COMMON)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def prove_lossless_fused():
+    engine = VLLMEngine("sd", target=model_dir("block"), proposer="block-fused", k=6, **COMMON)
     yield engine
     engine.close()
 
@@ -101,6 +109,62 @@ def test_prove_lossless_on_the_own_cache_seam_is_token_identical_to_block_ar(
     assert results[0].stats["proposer"] == "block-cache"
 
 
+def test_prove_lossless_on_the_fused_seam_is_token_identical_to_block_ar(prove_lossless_fused, block_ar):
+    """The block model drafting inside its own verification forward (one target forward per
+    step, no drafter forward): token-identical to its greedy AR, several tokens per forward, and no
+    per-request state left once the requests end."""
+    results = prove_lossless_fused.generate(PROMPTS, max_new_tokens=TOKENS)
+    tokens = [_strip(r.tokens) for r in results]
+    assert all(len(t) > 0 for t in tokens)
+    assert tokens == [_strip(r.tokens) for r in block_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
+    assert sum(r.stats["tau"] for r in results) / len(results) > 1.5  # tokens per target forward
+    plugin = results[0].stats["plugin"]  # this batch's counts (the process's counters: deltas)
+    drafted = plugin["drafted_per_pos"]
+    assert drafted[4] > 0 and not any(drafted[5:]) and plugin["accepted_per_pos"][0] > 0  # B − 1 = 5
+    # steps that verify no draft (after a rejection) emit the target's own token and draft a block
+    assert sum(r.stats["target_forwards"] for r in results) > drafted[0] + 2 * len(results)
+    state = prove_lossless_fused.proposer_state()
+    assert state["live"] == [] and state["live_bytes"] == 0 and state["block_size"] == 6
+
+
+def test_fused_seam_keeps_no_request_state_between_steps(prove_lossless_fused, block_ar):
+    """A request that ends early leaves nothing behind: the next block travels from the acceptance
+    step to the proposer within a step, so no state outlives it (checked after every step)."""
+    fused = prove_lossless_fused
+    llm_engine = fused.llm.llm_engine
+    llm_engine.add_request("fused-short", PROMPTS[0], fused.sampling_params(max_new_tokens=3))
+    llm_engine.add_request("fused-long", PROMPTS[1], fused.sampling_params(max_new_tokens=TOKENS))
+    outputs = {}
+    while llm_engine.has_unfinished_requests():
+        for out in llm_engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+        state = prove_lossless_fused.proposer_state()
+        assert state["live"] == [] and state["live_bytes"] == 0
+    want = block_ar.generate(PROMPTS[1], max_new_tokens=TOKENS)[0].tokens
+    assert len(outputs["fused-short"]) == 3 and outputs["fused-long"] == want
+
+
+@pytest.fixture(scope="module")
+def fused_scheduled():
+    """The fused seam drafting only while four or more requests run (block size 6 from four)."""
+    options = {"num_speculative_tokens_per_batch_size": [(1, 3, 0), (4, 64, 6)]}
+    engine = VLLMEngine("sd", target=model_dir("block"), proposer="block-fused", k=6, **options, **COMMON)
+    yield engine
+    engine.close()
+
+
+def test_fused_seam_follows_vllms_batch_size_schedule(fused_scheduled, block_ar):
+    """The schedule's values are block sizes (vLLM counts 2B − 1 slots): one request decodes AR,
+    a batch of four drafts; both token-identical to the block model's AR."""
+    solo = fused_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)[0]
+    assert solo.stats["tau"] == 1.0
+    batch = fused_scheduled.generate(PROMPTS[:4], max_new_tokens=TOKENS)
+    assert max(r.stats["tau"] for r in batch) > 1.5
+    want = block_ar.generate([PROMPTS[0], *PROMPTS[:4]], max_new_tokens=TOKENS)
+    assert [_strip(r.tokens) for r in [solo, *batch]] == [_strip(r.tokens) for r in want]
+
+
 @pytest.fixture(scope="module")
 def sdd_scheduled():
     """Strict SDD drafting only while four or more requests run (vLLM's batch-size schedule)."""
@@ -131,7 +195,10 @@ def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
     assert results[0].stats["proposer"] == "diffusion"
 
 
-@pytest.mark.parametrize("kind", ["sdd", "prove_lossless", "prove_lossless_own_cache"])
+BATCHED = ["sdd", "prove_lossless", "prove_lossless_own_cache", "prove_lossless_fused"]
+
+
+@pytest.mark.parametrize("kind", BATCHED)
 def test_batch_of_four_gives_each_request_its_solo_output(kind, request):
     engine = request.getfixturevalue(kind)
     prompts = PROMPTS[2:6]
@@ -259,6 +326,18 @@ def test_bad_proposer_settings_fail_clearly():
         VLLMEngine("sd", proposer="block-cache", stock=True)
     with pytest.raises(RelaxSpecError, match="trained size"):
         VLLMEngine("sd", proposer="block-cache", k=64)
+    with pytest.raises(RelaxSpecError, match="same block model"):  # the fused seam's verifier drafts
+        VLLMEngine("sd", proposer="block-fused", k=6)
+    with pytest.raises(RelaxSpecError, match="plugin"):
+        VLLMEngine("sd", proposer="block-fused", target=model_dir("block"), stock=True)
+    from relaxspec.integrations.vllm import proposers
+
+    spec, _ = proposers.speculative_settings("block-fused", str(model_dir("block")), 6)
+    assert spec["num_speculative_tokens"] == 11
+    with pytest.raises(RelaxSpecError, match="block size = 6"):
+        proposers.add_k_schedule(spec, [(1, 4, 7)])
+    proposers.add_k_schedule(spec, [(1, 4, 6), (5, 8, 3), (9, 64, 0)])
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 11], [5, 8, 5], [9, 64, 0]]
 
 
 def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
@@ -275,6 +354,13 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
         "relaxspec.integrations.vllm.proposers.BlockDrafter" in argv[argv.index("--speculative-config") + 1]
     )
     assert "relaxspec_block" in argv[argv.index("--additional-config") + 1]
+    fused = runners.engine_plan("prove-lossless", runners.resolve("prove-lossless", {"seam": "fused"}))
+    assert (fused.proposer, fused.k, fused.target_role) == ("block-fused", 8, "block")
+    _, argv, _ = runners.proposer_spec_args("prove-lossless", {"seam": "fused", "block_size": 6}, {})
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["model"].endswith("FusedBlockDrafter") and spec["num_speculative_tokens"] == 11
+    with pytest.raises(RelaxSpecError, match="prove-lossless only"):
+        runners.resolve("prove", {"seam": "fused"})
     plan = runners.engine_plan("prove", runners.resolve("prove", {"theta": 0.1, "block_size": 4}))
     assert (plan.request_rule(), plan.k, plan.target_role) == ({"rule": "gate", "theta": 0.1}, 4, "draft")
     plan = runners.engine_plan("sdd", runners.resolve("sdd", {"accept": "topk", "accept_k": 3, "steps": 2}))
@@ -296,7 +382,6 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
 
 
 def test_cli_generate_engine_vllm_prove_lossless_json(tmp_path):
-    import json
     import subprocess
     import sys
 
@@ -320,9 +405,12 @@ def test_cli_validates_method_options_by_the_engine_that_runs_them():
     assert ours.returncode != 0 and "seam" in ours.stderr
 
 
-def test_prove_lossless_seeded_sampling_independent_of_batch(prove_lossless):
+@pytest.mark.parametrize("kind", ["prove_lossless", "prove_lossless_fused"])
+def test_prove_lossless_seeded_sampling_independent_of_batch(kind, request):
     """At T > 0 the block drafter's drafts of a seeded request come from its own generator (K
-    rows per request under parallel drafting), so the request reproduces whatever runs beside it."""
+    rows per request under parallel drafting; the acceptance step's draw of the next block on the
+    fused seam), so the request reproduces whatever runs beside it."""
+    prove_lossless = request.getfixturevalue(kind)
     solo = prove_lossless.generate(PROMPTS[0], max_new_tokens=16, temperature=1.0, seed=3)[0]
     batch = prove_lossless.generate(PROMPTS[:3], max_new_tokens=16, temperature=1.0, seed=3)[0]
     assert solo.tokens == batch.tokens
@@ -331,6 +419,7 @@ def test_prove_lossless_seeded_sampling_independent_of_batch(prove_lossless):
 
 SERVED = [
     ("prove-lossless", ["--block-size", "8"]),
+    ("prove-lossless", ["--block-size", "6", "--seam", "fused", "--k-schedule", "1-4:6,5-1024:0"]),
     ("sdd", ["--accept", "exact", "--gamma", "8", "--k-schedule", "1-4:8,5-1024:0"]),  # one request: K = 8
 ]
 

@@ -130,10 +130,16 @@ def _install() -> None:
         if spec_decode_metadata is None:
             return original_sample(self, logits, spec_decode_metadata)
         rejection.set_row_choices(rejection.choices_for_runner(self))
+        fused_mask = getattr(getattr(self, "drafter", None), "fused_mask_id", None)
+        rejection.set_fused_mask(fused_mask)
         try:
-            return original_sample(self, logits, spec_decode_metadata)
+            out = original_sample(self, logits, spec_decode_metadata)
+            if fused_mask is not None:  # the next blocks the acceptance step drew, to the proposer
+                self.drafter.receive(rejection.take_fused_drafts(), self.input_batch.req_ids)
         finally:
             rejection.set_row_choices(None)
+            rejection.set_fused_mask(None)
+        return out
 
     _patch(GPUModelRunner, "_sample", _sample)
 

@@ -107,8 +107,14 @@ def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = Non
 
 
 # Proposer kind -> the model role it loads by default (DESIGN §8; .proposers).
-PROPOSER_ROLES = {"draft": "draft", "block": "block", "block-cache": "block", "diffusion": "diffusion"}
-CUSTOM_PROPOSERS = ("block-cache", "diffusion")  # our proposer classes: they need the plugin
+PROPOSER_ROLES = {
+    "draft": "draft",
+    "block": "block",
+    "block-cache": "block",
+    "block-fused": "block",
+    "diffusion": "diffusion",
+}
+CUSTOM_PROPOSERS = ("block-cache", "block-fused", "diffusion")  # our proposer classes: they need the plugin
 
 
 class VLLMEngine:
@@ -209,8 +215,13 @@ class VLLMEngine:
                 spec = {"method": "draft_model", "model": str(self.draft), "num_speculative_tokens": k}
                 spec["draft_sample_method"] = draft_sample_method
             else:
-                if proposer in ("block", "block-cache"):
+                if proposer in ("block", "block-cache", "block-fused"):
                     _check_block_model(self.draft, k)
+                if proposer == "block-fused" and self.draft.resolve() != self.target.resolve():
+                    raise RelaxSpecError(
+                        "the fused seam drafts with the target itself: target and draft must be the "
+                        f"same block model (got {self.target} and {self.draft})"
+                    )
                 if proposer == "block":
                     kwargs["hf_overrides"] = proposers.mars_hf_overrides
                 spec, extra_config = proposers.speculative_settings(

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.errors import RelaxSpecError
@@ -77,6 +78,7 @@ CONFIG_KEY = "relaxspec_diffusion"  # key of vLLM's additional_config
 BLOCK_CONFIG_KEY = "relaxspec_block"
 DIFFUSION_CLASS = "relaxspec.integrations.vllm.proposers.DiffusionDrafter"
 BLOCK_CLASS = "relaxspec.integrations.vllm.proposers.BlockDrafter"
+FUSED_CLASS = "relaxspec.integrations.vllm.proposers.FusedBlockDrafter"
 _SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 
 
@@ -151,6 +153,9 @@ def speculative_settings(
     if proposer == "block-cache":
         spec = {"method": "custom_class", "model": BLOCK_CLASS, "num_speculative_tokens": k}
         return spec, {BLOCK_CONFIG_KEY: {"path": drafter}}
+    if proposer == "block-fused":
+        spec = {"method": "custom_class", "model": FUSED_CLASS, "num_speculative_tokens": fused_slots(k)}
+        return spec, None
     if proposer == "diffusion":
         spec = {"method": "custom_class", "model": DIFFUSION_CLASS, "num_speculative_tokens": k}
         options = {"path": drafter, "gamma": gamma, "steps": steps, "reveal": reveal}
@@ -165,7 +170,8 @@ def add_k_schedule(spec: dict[str, Any], k_schedule: Sequence[tuple[int, int, in
     scheduled K below the configured one, but slowly and with rows left without drafts — load
     test with ``1-4:8,5-8:4,9-1024:0``: 0.48×, 0.40×, 0.37× vLLM AR at 8, 16, 32 requests, where
     it ran 0.92× / 0.79× at 16 / 32 unscheduled (docs/vllm-proposers.md, session 18). Our own
-    proposers (``seam=own-cache``, the diffusion drafter) follow it.
+    proposers (``seam=own-cache``, ``seam=fused``, the diffusion drafter) follow it; for
+    ``seam=fused`` the schedule's values are block sizes (converted to :func:`fused_slots`).
     """
     if not k_schedule:
         return
@@ -175,9 +181,15 @@ def add_k_schedule(spec: dict[str, Any], k_schedule: Sequence[tuple[int, int, in
             "use the block proposer's own-cache seam (seam=own-cache) for a batch-size schedule"
         )
     k = spec["num_speculative_tokens"]
+    fused = spec.get("model") == FUSED_CLASS  # the schedule gives block sizes; vLLM counts slots
+    if fused:
+        k = (k + 1) // 2
     if max(entry[2] for entry in k_schedule) > k:
-        raise RelaxSpecError(f"--k-schedule asks for more than k = {k} draft tokens")
-    spec["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in k_schedule]
+        what = "block size" if fused else "k"
+        raise RelaxSpecError(f"--k-schedule asks for more than {what} = {k} draft tokens")
+    spec["num_speculative_tokens_per_batch_size"] = [
+        [low, high, fused_slots(size) if fused and size else size] for low, high, size in k_schedule
+    ]
 
 
 def request_sampling(params: Any) -> SamplingParams:
@@ -437,6 +449,126 @@ class BlockDrafter(OwnCacheDrafter):
         self.batch = BlockBatch(model, self.k)
         log.info("relaxspec block drafter %s (own cache): k=%d (rows drafted together)", self.path, self.k)
         return model
+
+
+def fused_slots(block_size: int) -> int:
+    """Draft slots per step of the fused seam at block size B: B − 1 drafts and B placeholders."""
+    return 2 * block_size - 1
+
+
+class FusedBlockDrafter:
+    """ProVe's block model drafting inside its own verification forward (``seam=fused``).
+
+    For ``prove-lossless`` the block model is its own verifier, and its draft forward has the same
+    causal layout as a verify forward: ``[last real token, placeholder × (B − 1)]`` gives the law
+    of the next token at the real token and the laws of the B − 1 tokens after it at the
+    placeholders (ProVe §2). So each step vLLM's *target* forward feeds, per request, ``[last token,
+    d_1..d_r, placeholder × B]``: the target verifies ``d_1..d_r`` (r ≤ B − 1) and draws the token
+    after the accepted ones, exactly as for any drafts; when all r are accepted, its laws at the
+    first B − 1 placeholders are the next block's drafts (they follow that drawn token), drawn by
+    the acceptance step (:func:`~relaxspec.integrations.vllm.rejection.next_block_drafts`) and
+    returned here by the next :meth:`propose`. After a rejection the next step feeds placeholders
+    only (r = 0): the target's own token plus the next drafts. One forward per step and no drafter
+    model or cache; the price is the placeholder slots in the target forward, and the first
+    draft of a block is no longer the always-accepted AR head (it is the token the target draws).
+
+    ``num_speculative_tokens`` = 2B − 1 (:func:`fused_slots`); vLLM's batch-size schedule counts
+    slots too (:func:`add_k_schedule` converts block sizes). The target must be the block model
+    (its config has ``mars_mask_token_id``); per-request state is the step's drafts, freed as the
+    request ends.
+    """
+
+    relaxspec_proposer = True
+    label = "fused block proposer"
+
+    def __init__(self, vllm_config: Any) -> None:
+        hf_config = vllm_config.model_config.hf_config
+        mask_id = getattr(hf_config, MARS_MASK_ATTR, None)
+        trained = getattr(hf_config, "mars_block_size", None)
+        if mask_id is None or not isinstance(trained, int):
+            raise RelaxSpecError(
+                "seam=fused drafts with the target itself: the target must be a MARS block model "
+                "(its config has mars_block_size and mars_mask_token_id)"
+            )
+        self.mask_id = int(mask_id)
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.block_size = (self.k + 1) // 2
+        if self.block_size > trained:
+            raise RelaxSpecError(
+                f"block size {self.block_size} exceeds the block model's trained size ({trained})"
+            )
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.runner: Any = None
+        self.k_now = self.k
+        self.next: dict[str, tuple[Tensor, Tensor]] = {}  # req id -> drafts for this step's propose
+        self._last_draft_probs: Tensor | None = None
+        self.model = None  # no drafter model: the target drafts
+
+    @property
+    def fused_mask_id(self) -> int:
+        """The plugin's acceptance step reads drafts up to this id as real (rejection.set_fused_mask)."""
+        return self.mask_id
+
+    def load_model(self, target_model: Any = None) -> None:
+        """Nothing to load (vLLM's CPU runner calls this on every drafter)."""
+
+    def bind(self, runner: Any, k_now: int | None = None) -> None:
+        """The model runner and this step's slot budget (vLLM's batch-size schedule; None = all)."""
+        self.runner = runner
+        self.k_now = self.k if k_now is None else max(0, min(int(k_now), self.k))
+
+    def receive(self, drafts: dict[int, tuple[Tensor, Tensor]], req_ids: Sequence[str]) -> None:
+        """The acceptance step's next drafts by batch row, for this step's :meth:`propose`."""
+        self.next = {req_ids[b]: value for b, value in drafts.items() if b < len(req_ids)}
+
+    def take_last_draft_probs(self) -> Tensor | None:
+        probs, self._last_draft_probs = self._last_draft_probs, None
+        return probs
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: Any,
+        token_ids_cpu: Any,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        """Per row: the drafts the acceptance step drew (if its block was accepted whole), then B
+        placeholders, within the step's budget; ``[]`` when fewer than 2 slots fit."""
+        req_ids = list(self.runner.input_batch.req_ids) if self.runner is not None else []
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        laws: list[tuple[int, Tensor]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            budget = min(self.k_now, self.max_model_len - 1 - int(num_tokens_no_spec[i]))
+            if not sampled or budget < 2 or i >= len(req_ids):
+                continue
+            placeholders = min(self.block_size, (budget + 1) // 2)
+            tokens, q = self.next.get(req_ids[i], (None, None))
+            r = 0 if tokens is None else min(int(tokens.shape[0]), budget - placeholders)
+            if r:
+                laws.append((i, q[:r]))
+                drafts[i] = tokens[:r].tolist()
+            drafts[i] += [self.mask_id] * placeholders
+        self.next = {}
+        self._last_draft_probs = None
+        if laws:
+            probs = torch.zeros(len(sampled_token_ids), self.k, laws[0][1].shape[-1])
+            for i, q in laws:
+                probs[i, : q.shape[0]] = q
+            self._last_draft_probs = probs
+        return drafts
+
+    def free(self, req_ids: Any) -> None:
+        for req_id in req_ids or ():
+            self.next.pop(req_id, None)
+
+    def state_info(self) -> dict[str, Any]:
+        return {
+            "live": sorted(self.next),
+            "live_bytes": sum(q.numel() * q.element_size() for _, q in self.next.values()),
+            "k": self.k,
+            "block_size": self.block_size,
+            "pid": os.getpid(),
+        }
 
 
 def proposer_state(runner: Any) -> dict[str, Any] | None:

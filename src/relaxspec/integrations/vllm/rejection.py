@@ -22,7 +22,14 @@ vLLM's own float32 softmax outputs; never a copy of a rule):
   ``Exact`` stays exact (acceptance ``p(d)``, residual ``p`` without ``d``) and relaxed rules
   follow :func:`relaxspec.theory.emitted_distribution` with that one-hot ``q``;
 - rows are grouped by (rule, greedy, K'); a row with its own seeded generator is verified alone
-  with that generator, so seeded requests are reproducible and independent of their batch.
+  with that generator, so seeded requests are reproducible and independent of their batch;
+- fused block rows (``prove-lossless`` with ``seam=fused``, :class:`~relaxspec.integrations.vllm.
+  proposers.FusedBlockDrafter`): the row's real drafts end at its first placeholder token, after
+  which come ``m`` placeholders. The row is cut there as above, so the token after the last draft is
+  the target's own; when every real draft is accepted, the target's laws at the first ``m − 1``
+  placeholders are the block model's laws of the ``m − 1`` tokens after that one (ProVe §2's block
+  layout, the accepted tokens as the block's context): the next drafts are drawn from them
+  (:func:`next_block_drafts`) and handed to the proposer (:func:`take_fused_drafts`).
 
 Counters (per draft position): drafts verified, accepted, and accepted *only* because of the
 relaxation (accepted beyond the exact rule's prefix on the same uniforms) — see :func:`snapshot`.
@@ -56,6 +63,20 @@ def set_row_choices(choices: list[RuleChoice] | None) -> None:
 
 def row_choices() -> list[RuleChoice] | None:
     return getattr(_local, "choices", None)
+
+
+# The fused block seam (proposers.FusedBlockDrafter): the placeholder id that ends a row's real
+# drafts (None: no fused rows) and, per batch row, the next drafts this step produced.
+def set_fused_mask(mask_id: int | None) -> None:
+    _local.fused_mask = mask_id
+    _local.fused_next = {}
+
+
+def take_fused_drafts() -> dict[int, tuple[Tensor, Tensor]]:
+    """``{batch row: (next drafts [m], their law q [m, V])}`` produced by the last sample call."""
+    out: dict[int, tuple[Tensor, Tensor]] = getattr(_local, "fused_next", {})
+    _local.fused_next = {}
+    return out
 
 
 _default: RuleChoice | None = None
@@ -206,12 +227,14 @@ def relaxed_rejection_sample(
     if choices is None or len(choices) != batch_size:
         choices = [default_rule()] * batch_size
     generators = sampling_metadata.generators or {}
+    mask_id = getattr(_local, "fused_mask", None)
+    fused_next: dict[int, tuple[Tensor, Tensor]] = getattr(_local, "fused_next", {})
 
     groups: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
     start = 0
     for b, n in enumerate(num_draft_tokens):
         ids = draft_list[start : start + n]
-        n_eff = ids.index(PLACEHOLDER) if PLACEHOLDER in ids else n
+        n_eff = min(ids.index(end) if end in ids else n for end in (PLACEHOLDER, mask_id))
         gen = generators.get(b) if not greedy[b] else None
         # A seeded row is its own group: verify draws from its generator alone.
         key = (choices[b].key, greedy[b], n_eff, n_eff < n, b if gen is not None else -1)
@@ -247,6 +270,11 @@ def relaxed_rejection_sample(
         emitted = torch.where(pos < accepted.unsqueeze(1), padded, PLACEHOLDER)
         emitted = torch.where(pos == accepted.unsqueeze(1), next_token.unsqueeze(1), emitted)
         out[rows, : k + 1] = emitted.to(torch.int32)
+        if mask_id is not None and cut:
+            for i, (b, row_start, n) in enumerate(members):
+                if int(accepted[i]) == k and n - k >= 2:
+                    laws = probs[row_start + k + 1 : row_start + n]  # [m - 1, V]
+                    fused_next[b] = next_block_drafts(laws, mask_id, is_greedy, gen)
         if counting:
             COUNTERS.add(
                 choices[b0].label() + ("/greedy" if is_greedy else ""),
@@ -258,6 +286,20 @@ def relaxed_rejection_sample(
     if counting:
         _flush()
     return out
+
+
+def next_block_drafts(
+    laws: Tensor, mask_id: int, greedy: bool, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Drafts from the block model's laws at placeholder slots ``[m, V]`` (processed target laws):
+    ``(tokens [m], q [m, V])``, q the law each token is drawn from (argmax when greedy) with the
+    placeholder id removed, so a draft is never mistaken for a placeholder next step."""
+    q = laws.clone()
+    q[:, mask_id] = 0.0
+    q = q / q.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+    if greedy:
+        return q.argmax(dim=-1), q
+    return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
 
 
 def _gate_fallback(

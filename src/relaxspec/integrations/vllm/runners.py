@@ -68,7 +68,9 @@ PEER_OPTIONAL: dict[str, dict[str, Any]] = {
     **{m: {"proposer": "draft"} for m in ("sd", "nsd", "topk", "typical", "lenience")},
 }
 RULE_PROPOSERS = ("draft", "block")
-BLOCK_SEAMS = {"parallel": "block", "own-cache": "block-cache"}  # seam -> VLLMEngine proposer
+# seam -> VLLMEngine proposer: vLLM's parallel drafting, our proposer class with its own cache,
+# or the block model drafting inside its own verification forward (prove-lossless only)
+BLOCK_SEAMS = {"parallel": "block", "own-cache": "block-cache", "fused": "block-fused"}
 PEER_NEEDS: dict[str, tuple[str, ...]] = {"vllm-ar": ("target",), "vllm-sd": ("target", "draft")}
 PEER_SUMMARY = {
     "vllm-ar": "stock vLLM (relaxspec plugin disabled), autoregressive",
@@ -166,6 +168,11 @@ def engine_plan(name: str, p: dict[str, Any], paths: dict[str, Any] | None = Non
         size = _int_param(p, "block_size")
         if name == "prove-lossless":
             return EnginePlan("sd", {}, BLOCK_SEAMS[seam], size, "block", "block")
+        if seam == "fused":
+            raise RelaxSpecError(
+                "seam=fused drafts inside the verifier's own forward, so the verifier must be the block "
+                "model: prove-lossless only (prove verifies with the small model)"
+            )
         RuleChoice("gate", {"theta": p["theta"]})
         return EnginePlan("gate", {"theta": p["theta"]}, BLOCK_SEAMS[seam], size, "draft", "block")
     if name == "sdd":
