@@ -125,6 +125,7 @@ def test_prove_lossless_on_the_fused_seam_is_token_identical_to_block_ar(prove_l
     assert sum(r.stats["target_forwards"] for r in results) > drafted[0] + 2 * len(results)
     state = prove_lossless_fused.proposer_state()
     assert state["live"] == [] and state["live_bytes"] == 0 and state["block_size"] == 6
+    assert state["min_confidence"] == 0.3  # the default block cut
 
 
 def test_fused_seam_keeps_no_request_state_between_steps(prove_lossless_fused, block_ar):
@@ -143,6 +144,48 @@ def test_fused_seam_keeps_no_request_state_between_steps(prove_lossless_fused, b
         assert state["live"] == [] and state["live_bytes"] == 0
     want = block_ar.generate(PROMPTS[1], max_new_tokens=TOKENS)[0].tokens
     assert len(outputs["fused-short"]) == 3 and outputs["fused-long"] == want
+
+
+def _fused_drafter(block_size: int = 4, min_confidence: float | None = None, max_model_len: int = 512):
+    from relaxspec.integrations.vllm.proposers import FUSED_CONFIG_KEY, FusedBlockDrafter, fused_slots
+
+    hf = SimpleNamespace(mars_mask_token_id=2, mars_block_size=8)
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(hf_config=hf, max_model_len=max_model_len),
+        speculative_config=SimpleNamespace(num_speculative_tokens=fused_slots(block_size)),
+        additional_config={FUSED_CONFIG_KEY: {"min_confidence": min_confidence}},
+    )
+    drafter = FusedBlockDrafter(config)
+    drafter.bind(SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b", "c"])))
+    return drafter
+
+
+def test_fused_drafter_lays_out_drafts_then_placeholders_within_the_budget():
+    """Per row: the drafts the acceptance step drew (cut before the first one its law gives less than
+    min_confidence), then B placeholders; none for a row that sampled nothing or where fewer than
+    two slots fit; q of the drafts for the acceptance step; nothing kept after the step."""
+    drafter = _fused_drafter(block_size=4, min_confidence=0.3)
+    q = torch.full((3, 6), 0.02)
+    q[0, 4], q[1, 5], q[2, 3] = 0.9, 0.5, 0.2  # the third draft is unlikely: the block is cut there
+    drafter.receive({0: (torch.tensor([4, 5, 3]), q)}, ["a", "b", "c"])
+    out = drafter.propose([[7], [8], []], [10, 12, 9], None)
+    assert out == [[4, 5, 2, 2, 2, 2], [2, 2, 2, 2], []]
+    probs = drafter.take_last_draft_probs()
+    assert probs.shape == (3, 7, 6) and torch.equal(probs[0, :2], q[:2]) and not probs[1:].any()
+    assert drafter.state_info()["live"] == [] and drafter.take_last_draft_probs() is None
+    # vLLM's schedule (slots 5 = block 3) and the context end shrink the block; < 2 slots: no draft
+    drafter.bind(drafter.runner, 5)
+    drafter.receive({0: (torch.tensor([4, 5]), q[:2])}, ["a", "b", "c"])
+    assert drafter.propose([[7], [8], [9]], [10, 509, 510], None) == [[4, 5, 2, 2, 2], [2, 2], []]
+    never_cut = _fused_drafter(block_size=4, min_confidence=0)
+    never_cut.receive({1: (torch.tensor([4, 5, 3]), q)}, ["a", "b", "c"])
+    assert never_cut.propose([[7], [8], [9]], [10, 10, 10], None)[1] == [4, 5, 3, 2, 2, 2, 2]
+    with pytest.raises(RelaxSpecError, match="min_confidence"):
+        _fused_drafter(min_confidence=1.0)
+    with pytest.raises(RelaxSpecError, match="trained size"):
+        _fused_drafter(block_size=9)
+    with pytest.raises(RelaxSpecError, match="at least 2"):
+        _fused_drafter(block_size=1)
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +375,8 @@ def test_bad_proposer_settings_fail_clearly():
         VLLMEngine("sd", proposer="block-fused", target=model_dir("block"), stock=True)
     from relaxspec.integrations.vllm import proposers
 
+    with pytest.raises(RelaxSpecError, match="at least 2"):
+        VLLMEngine("sd", proposer="block-fused", target=model_dir("block"), k=1)
     spec, _ = proposers.speculative_settings("block-fused", str(model_dir("block")), 6)
     assert spec["num_speculative_tokens"] == 11
     with pytest.raises(RelaxSpecError, match="block size = 6"):
@@ -361,6 +406,16 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
     assert spec["model"].endswith("FusedBlockDrafter") and spec["num_speculative_tokens"] == 11
     with pytest.raises(RelaxSpecError, match="prove-lossless only"):
         runners.resolve("prove", {"seam": "fused"})
+    cut = runners.engine_plan(
+        "prove-lossless", runners.resolve("prove-lossless", {"seam": "fused", "min_confidence": 0})
+    )
+    assert cut.options == {"min_confidence": 0.0}
+    for bad in (
+        {"min_confidence": 0.3},
+        {"seam": "fused", "min_confidence": 1.2},
+    ):  # not fused; not in [0, 1)
+        with pytest.raises(RelaxSpecError, match="min_confidence"):
+            runners.resolve("prove-lossless", bad)
     plan = runners.engine_plan("prove", runners.resolve("prove", {"theta": 0.1, "block_size": 4}))
     assert (plan.request_rule(), plan.k, plan.target_role) == ({"rule": "gate", "theta": 0.1}, 4, "draft")
     plan = runners.engine_plan("sdd", runners.resolve("sdd", {"accept": "topk", "accept_k": 3, "steps": 2}))

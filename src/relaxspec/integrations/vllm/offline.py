@@ -128,7 +128,10 @@ class VLLMEngine:
     proposer: ``draft`` (vLLM's draft-model proposer, ``draft`` = a causal LM), ``block`` (a MARS
     block proposer through vLLM's parallel drafting, ``draft`` = the block model, ``k`` ≤ its
     trained block size), ``block-cache`` (the same block proposer as a vLLM custom proposer with
-    its own context cache: fewer drafter positions per step, rows drafted one by one) or
+    its own context cache: fewer drafter positions per step, rows drafted together),
+    ``block-fused`` (``prove-lossless`` only: target = the block model, which drafts the next block
+    inside its own verification forward; ``min_confidence`` cuts a block before its first unlikely
+    draft) or
     ``diffusion`` (relaxspec's masked-diffusion drafter as a vLLM custom proposer, ``draft`` = the
     drafter; ``gamma`` block length (default ``k``), ``steps`` S,
     ``reveal``). See :mod:`relaxspec.integrations.vllm.proposers`.
@@ -145,6 +148,7 @@ class VLLMEngine:
         gamma: int | None = None,
         steps: int | None = None,
         reveal: str = "auto",
+        min_confidence: float | None = None,
         stock: bool = False,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
@@ -232,6 +236,7 @@ class VLLMEngine:
                     k if gamma is None else gamma,
                     steps,
                     reveal,
+                    min_confidence,
                 )
                 if extra_config is not None:
                     kwargs["additional_config"] = extra_config

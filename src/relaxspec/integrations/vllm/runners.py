@@ -31,6 +31,7 @@ from typing import Any
 
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
+from relaxspec.integrations.vllm.proposers import check_min_confidence
 from relaxspec.integrations.vllm.rules import PARAM_KEYS, RuleChoice, canonical
 from relaxspec.methods import BASE_PARAMS
 from relaxspec.models import model_dir
@@ -65,6 +66,7 @@ PEER_OPTIONAL: dict[str, dict[str, Any]] = {
     # the seam that carries the block proposer: vLLM's parallel drafting, or our proposer class
     # with its own context cache (.proposers.BlockDrafter)
     **{m: {"seam": "parallel"} for m in ("prove-lossless", "prove")},
+    "prove-lossless": {"seam": "parallel", "min_confidence": None},  # the fused seam's block cut
     **{m: {"proposer": "draft"} for m in ("sd", "nsd", "topk", "typical", "lenience")},
 }
 RULE_PROPOSERS = ("draft", "block")
@@ -126,7 +128,8 @@ class EnginePlan:
     k: int
     target_role: str = "target"
     proposer_role: str = "draft"
-    options: dict[str, Any] = field(default_factory=dict)  # gamma, steps, reveal (diffusion)
+    # gamma, steps, reveal (diffusion); min_confidence (the fused block seam)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def request_rule(self) -> dict[str, Any]:
         return {"rule": self.rule, **self.rule_params}
@@ -167,7 +170,12 @@ def engine_plan(name: str, p: dict[str, Any], paths: dict[str, Any] | None = Non
             raise RelaxSpecError(f"seam must be one of {', '.join(BLOCK_SEAMS)}, got {seam!r}")
         size = _int_param(p, "block_size")
         if name == "prove-lossless":
-            return EnginePlan("sd", {}, BLOCK_SEAMS[seam], size, "block", "block")
+            options = {}
+            if p.get("min_confidence") is not None:
+                if seam != "fused":
+                    raise RelaxSpecError("min_confidence is an option of seam=fused")
+                options["min_confidence"] = check_min_confidence(p["min_confidence"])
+            return EnginePlan("sd", {}, BLOCK_SEAMS[seam], size, "block", "block", options)
         if seam == "fused":
             raise RelaxSpecError(
                 "seam=fused drafts inside the verifier's own forward, so the verifier must be the block "
@@ -414,6 +422,7 @@ def proposer_spec_args(
         o.get("gamma"),
         o.get("steps"),
         o.get("reveal", "auto"),
+        o.get("min_confidence"),
     )
     proposers.add_k_schedule(spec, k_schedule)
     argv = [] if extra_config is None else ["--additional-config", json.dumps(extra_config)]

@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--k-schedule", help="draft length per batch size, e.g. 1-4:4,5-16:2,17-256:0")
     # prove-lossless / prove / sdd: our proposers inside vLLM (relaxspec.integrations.vllm.proposers)
     for flag, typ in (("--block-size", int), ("--gamma", int), ("--steps", int), ("--reveal", str),
-                      ("--accept", str), ("--seam", str),
+                      ("--accept", str), ("--seam", str), ("--min-confidence", float),
                       ("--block", str), ("--diffusion", str)):  # fmt: skip
         ap.add_argument(flag, type=typ)
     ns, extra = ap.parse_known_args(argv)
@@ -261,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "reveal": ns.reveal,
             "accept": ns.accept,
             "seam": ns.seam,
+            "min_confidence": ns.min_confidence,
         }.items()
         if v is not None
     }
