@@ -390,8 +390,14 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
 
     plan = runners.engine_plan("prove-lossless", runners.resolve("prove-lossless", {}))
     assert (plan.rule, plan.proposer, plan.k, plan.target_role, plan.proposer_role) == (
-        "sd", "block", 8, "block", "block"
-    )  # fmt: skip
+        "sd",
+        "block-fused",
+        8,
+        "block",
+        "block",
+    )  # fmt: skip  (the fused seam is prove-lossless's default; prove keeps parallel drafting)
+    parallel = runners.engine_plan("prove-lossless", runners.resolve("prove-lossless", {"seam": "parallel"}))
+    assert parallel.proposer == "block"
     own = runners.engine_plan("prove-lossless", runners.resolve("prove-lossless", {"seam": "own-cache"}))
     assert (own.proposer, own.k) == ("block-cache", 8)
     _, argv, _ = runners.proposer_spec_args("prove-lossless", {"seam": "own-cache"}, {})  # the server's
@@ -473,8 +479,8 @@ def test_prove_lossless_seeded_sampling_independent_of_batch(kind, request):
 
 
 SERVED = [
-    ("prove-lossless", ["--block-size", "8"]),
-    ("prove-lossless", ["--block-size", "6", "--seam", "fused", "--k-schedule", "1-4:6,5-1024:0"]),
+    ("prove-lossless", ["--block-size", "8", "--seam", "parallel"]),
+    ("prove-lossless", ["--block-size", "6", "--k-schedule", "1-4:6,5-1024:0"]),  # the fused seam
     ("sdd", ["--accept", "exact", "--gamma", "8", "--k-schedule", "1-4:8,5-1024:0"]),  # one request: K = 8
 ]
 

@@ -63,10 +63,11 @@ PEERS: dict[str, dict[str, Any]] = {"vllm-ar": {}, "vllm-sd": {"k": 4}}
 # against the target, block size = k).
 PEER_OPTIONAL: dict[str, dict[str, Any]] = {
     "vllm-ar": {"model": "target"},
-    # the seam that carries the block proposer: vLLM's parallel drafting, or our proposer class
-    # with its own context cache (.proposers.BlockDrafter)
-    **{m: {"seam": "parallel"} for m in ("prove-lossless", "prove")},
-    "prove-lossless": {"seam": "parallel", "min_confidence": None},  # the fused seam's block cut
+    # the seam that carries the block proposer: the verifier's own forward (prove-lossless, whose
+    # verifier is the block model: .proposers.FusedBlockDrafter; min_confidence = its block cut),
+    # vLLM's parallel drafting, or our proposer class with its own context cache (.BlockDrafter)
+    "prove-lossless": {"seam": "fused", "min_confidence": None},
+    "prove": {"seam": "parallel"},
     **{m: {"proposer": "draft"} for m in ("sd", "nsd", "topk", "typical", "lenience")},
 }
 RULE_PROPOSERS = ("draft", "block")
@@ -165,7 +166,7 @@ def engine_plan(name: str, p: dict[str, Any], paths: dict[str, Any] | None = Non
     """The :class:`EnginePlan` of a vLLM method row with resolved parameters ``p``."""
     paths = paths or {}
     if name in ("prove-lossless", "prove"):
-        seam = p.get("seam", "parallel")
+        seam = p.get("seam", PEER_OPTIONAL[name]["seam"])
         if seam not in BLOCK_SEAMS:
             raise RelaxSpecError(f"seam must be one of {', '.join(BLOCK_SEAMS)}, got {seam!r}")
         size = _int_param(p, "block_size")
