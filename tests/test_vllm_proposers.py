@@ -416,10 +416,7 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
         "prove-lossless", runners.resolve("prove-lossless", {"seam": "fused", "min_confidence": 0})
     )
     assert cut.options == {"min_confidence": 0.0}
-    for bad in (
-        {"min_confidence": 0.3},
-        {"seam": "fused", "min_confidence": 1.2},
-    ):  # not fused; not in [0, 1)
+    for bad in ({"seam": "parallel", "min_confidence": 0.3}, {"min_confidence": 1.2}):  # not fused; > 1
         with pytest.raises(RelaxSpecError, match="min_confidence"):
             runners.resolve("prove-lossless", bad)
     plan = runners.engine_plan("prove", runners.resolve("prove", {"theta": 0.1, "block_size": 4}))

@@ -19,6 +19,14 @@ decodes with, so the bundled ``models/block`` runs there unchanged. The placehol
 the model's ``mars_mask_token_id`` (vLLM looks for ``pard_token`` & co.): :func:`mars_hf_overrides`
 is passed as the engine's ``hf_overrides`` and vLLM composes it into the drafter's config.
 
+**Block model drafting inside its own verification forward (``prove-lossless``'s default,
+``seam=fused``): a custom proposer class with no model.** ``prove-lossless``'s verifier is the block
+model itself, and a block draft is a causal forward of the same layout as a verify forward, so the
+target forward carries the next block's placeholders after the drafts it verifies
+(:class:`FusedBlockDrafter`; the acceptance step draws the next block from the target's laws at
+the placeholders, :func:`relaxspec.integrations.vllm.rejection.next_block_drafts`). One forward
+per step instead of two.
+
 The ``Gate`` rule of ``prove`` needs the proposer's own probability of each draft. vLLM hands
 ``draft_probs`` to the acceptance step only when it samples drafts (``draft_sample_method =
 "probabilistic"`` and some request has T > 0); for an all-greedy batch the plugin makes the block

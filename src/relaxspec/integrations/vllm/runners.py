@@ -135,6 +135,12 @@ class EnginePlan:
     def request_rule(self) -> dict[str, Any]:
         return {"rule": self.rule, **self.rule_params}
 
+    @property
+    def drafter_positions(self) -> int:
+        """Drafter positions per step (the ``draft_calls`` count): none on the fused seam, where
+        the verifier's own forward drafts."""
+        return 0 if self.proposer == "block-fused" else self.k
+
     def engine_key(self, paths: dict[str, Any]) -> tuple[Any, ...]:
         """Engines are shared by every plan that differs only in its rule (the rule is per request)."""
         return (
@@ -308,7 +314,7 @@ def runner(name: str, params: dict[str, Any], sampling: Any, pool: EnginePool) -
         rule = None
     else:
         plan = engine_plan(name, p, pool.paths)
-        k = plan.k
+        k = plan.drafter_positions
         engine = pool.get_plan(plan)
         rule = plan.request_rule()
 
@@ -368,7 +374,7 @@ def generate_json(
             **plan.options,
             **plan.rule_params,
         )
-        k = plan.k
+        k = plan.drafter_positions
     else:
         p = resolve(method, {"k": k, **(params or {})} if method != "ar" else dict(params or {}))
         if method == "ar":
