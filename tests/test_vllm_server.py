@@ -120,7 +120,12 @@ def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
     with pytest.raises(RelaxSpecError, match="more than k = 8"):
         vllm_args("sdd", {}, k_schedule=[(1, 4, 9), (5, 64, 0)])
     with pytest.raises(RelaxSpecError, match="parallel drafting"):  # vLLM runs it badly (docs)
-        vllm_args("prove-lossless", {}, k_schedule=[(1, 4, 8), (5, 1024, 0)])
+        vllm_args("prove-lossless", {"seam": "parallel"}, k_schedule=[(1, 4, 8), (5, 1024, 0)])
+    # the fused seam (prove-lossless's default) reads block sizes; vLLM counts 2B - 1 slots
+    argv, _ = vllm_args("prove-lossless", {}, k_schedule=[(1, 8, 8), (9, 24, 4), (25, 1024, 0)])
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == 15
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 8, 15], [9, 24, 7], [25, 1024, 0]]
 
 
 def test_serve_module_passes_our_proposers_options(monkeypatch):

@@ -225,7 +225,41 @@ class _RowState:
     generator: torch.Generator | None
 
 
-class OwnCacheDrafter:
+class PluginProposer:
+    """What every relaxspec custom proposer class shares with the plugin's hooks: the model
+    runner and the step's draft length (:meth:`bind`), and each row's ``q`` for the acceptance
+    step (:meth:`take_last_draft_probs`, ``[batch, K, V]``, zero where a row drafted less)."""
+
+    relaxspec_proposer = True  # the plugin binds the runner and collects q for classes with this
+
+    def __init__(self, vllm_config: Any) -> None:
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.runner: Any = None
+        self.k_now = self.k  # this step's draft length (see bind)
+        self._last_draft_probs: Tensor | None = None
+
+    def bind(self, runner: Any, k_now: int | None = None) -> None:
+        """The model runner (request ids, sampling parameters) and this step's draft length
+        (``num_spec_tokens_to_schedule``: vLLM's batch-size schedule; None = K)."""
+        self.runner = runner
+        self.k_now = self.k if k_now is None else max(0, min(int(k_now), self.k))
+
+    def take_last_draft_probs(self) -> Tensor | None:
+        probs, self._last_draft_probs = self._last_draft_probs, None
+        return probs
+
+    def _keep_draft_probs(self, rows: list[tuple[int, Tensor]], batch: int) -> None:
+        """``q`` of this step's drafts: ``rows`` = (batch row, ``[k_i, V]``)."""
+        self._last_draft_probs = None
+        if rows:
+            probs = torch.zeros(batch, self.k, rows[0][1].shape[-1])
+            for i, q in rows:
+                probs[i, : q.shape[0]] = q
+            self._last_draft_probs = probs
+
+
+class OwnCacheDrafter(PluginProposer):
     """vLLM custom proposer (``method="custom_class"``) drafting a step's rows together.
 
     Constructed by vLLM with the ``VllmConfig`` in every worker; options from
@@ -238,7 +272,6 @@ class OwnCacheDrafter:
     batch (:meth:`_load`) and check a request's sampling parameters (:meth:`_check_request`).
     """
 
-    relaxspec_proposer = True  # the plugin binds the runner and collects q for classes with this
     config_key = ""
     label = "drafter"
 
@@ -249,16 +282,12 @@ class OwnCacheDrafter:
                 f"the {self.label} needs additional_config['{self.config_key}']['path'] (its model "
                 "directory); build the engine with relaxspec.integrations.vllm.offline.VLLMEngine"
             )
+        super().__init__(vllm_config)
         self.path = str(self.options["path"])
-        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
-        self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.target_vocab = int(vllm_config.model_config.get_vocab_size())
         self.model: Any = None
         self.batch: Any = None  # a DraftRows subclass with propose(list[RowRequest]) (set by _load)
-        self.runner: Any = None
-        self.k_now = self.k  # this step's draft length (see bind)
         self.states: dict[str, _RowState] = {}
-        self._last_draft_probs: torch.Tensor | None = None
         self._lock = threading.Lock()
         self.created = 0
         self.freed = 0
@@ -284,16 +313,6 @@ class OwnCacheDrafter:
                 f"the {self.label}'s vocabulary ({vocab}) differs from the target's ({self.target_vocab})"
             )
         self.model = model.eval()
-
-    def bind(self, runner: Any, k_now: int | None = None) -> None:
-        """The model runner (request ids, sampling parameters) and this step's draft length
-        (``num_spec_tokens_to_schedule``: vLLM's batch-size schedule; None = K)."""
-        self.runner = runner
-        self.k_now = self.k if k_now is None else max(0, min(int(k_now), self.k))
-
-    def take_last_draft_probs(self) -> torch.Tensor | None:
-        probs, self._last_draft_probs = self._last_draft_probs, None
-        return probs
 
     def propose(
         self,
@@ -332,13 +351,7 @@ class OwnCacheDrafter:
                 drafts[i] = proposal.tokens[0].tolist()
                 if proposal.probs is not None:
                     rows.append((i, proposal.probs[0]))
-        self._last_draft_probs = None
-        if rows:
-            vocab = rows[0][1].shape[-1]
-            probs = torch.zeros(len(sampled_token_ids), self.k, vocab)
-            for i, q in rows:
-                probs[i, : q.shape[0]] = q
-            self._last_draft_probs = probs
+        self._keep_draft_probs(rows, len(sampled_token_ids))
         return drafts
 
     # -- per-request state -----------------------------------------------------------------------
@@ -479,7 +492,7 @@ def fused_slots(block_size: int) -> int:
     return 2 * block_size - 1
 
 
-class FusedBlockDrafter:
+class FusedBlockDrafter(PluginProposer):
     """ProVe's block model drafting inside its own verification forward (``seam=fused``).
 
     For ``prove-lossless`` the block model is its own verifier, and its draft forward has the same
@@ -507,10 +520,10 @@ class FusedBlockDrafter:
     request ends.
     """
 
-    relaxspec_proposer = True
     label = "fused block proposer"
 
     def __init__(self, vllm_config: Any) -> None:
+        super().__init__(vllm_config)
         hf_config = vllm_config.model_config.hf_config
         mask_id = getattr(hf_config, MARS_MASK_ATTR, None)
         trained = getattr(hf_config, "mars_block_size", None)
@@ -520,7 +533,6 @@ class FusedBlockDrafter:
                 "(its config has mars_block_size and mars_mask_token_id)"
             )
         self.mask_id = int(mask_id)
-        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.block_size = (self.k + 1) // 2
         if self.block_size < 2:
             raise RelaxSpecError("the fused seam needs a block size of at least 2 (1 drafts nothing)")
@@ -528,13 +540,9 @@ class FusedBlockDrafter:
             raise RelaxSpecError(
                 f"block size {self.block_size} exceeds the block model's trained size ({trained})"
             )
-        self.max_model_len = int(vllm_config.model_config.max_model_len)
         options = (vllm_config.additional_config or {}).get(FUSED_CONFIG_KEY) or {}
         self.min_confidence = check_min_confidence(options.get("min_confidence"))
-        self.runner: Any = None
-        self.k_now = self.k
         self.next: dict[str, tuple[Tensor, Tensor]] = {}  # req id -> drafts for this step's propose
-        self._last_draft_probs: Tensor | None = None
         self.model = None  # no drafter model: the target drafts
 
     @property
@@ -545,18 +553,9 @@ class FusedBlockDrafter:
     def load_model(self, target_model: Any = None) -> None:
         """Nothing to load (vLLM's CPU runner calls this on every drafter)."""
 
-    def bind(self, runner: Any, k_now: int | None = None) -> None:
-        """The model runner and this step's slot budget (vLLM's batch-size schedule; None = all)."""
-        self.runner = runner
-        self.k_now = self.k if k_now is None else max(0, min(int(k_now), self.k))
-
     def receive(self, drafts: dict[int, tuple[Tensor, Tensor]], req_ids: Sequence[str]) -> None:
         """The acceptance step's next drafts by batch row, for this step's :meth:`propose`."""
         self.next = {req_ids[b]: value for b, value in drafts.items() if b < len(req_ids)}
-
-    def take_last_draft_probs(self) -> Tensor | None:
-        probs, self._last_draft_probs = self._last_draft_probs, None
-        return probs
 
     def propose(
         self,
@@ -585,12 +584,7 @@ class FusedBlockDrafter:
                 drafts[i] = tokens[:r].tolist()
             drafts[i] += [self.mask_id] * placeholders
         self.next = {}
-        self._last_draft_probs = None
-        if laws:
-            probs = torch.zeros(len(sampled_token_ids), self.k, laws[0][1].shape[-1])
-            for i, q in laws:
-                probs[i, : q.shape[0]] = q
-            self._last_draft_probs = probs
+        self._keep_draft_probs(laws, len(sampled_token_ids))
         return drafts
 
     def free(self, req_ids: Any) -> None:

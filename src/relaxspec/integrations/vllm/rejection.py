@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from relaxspec.core.acceptance import Gate, verify_unchecked
+from relaxspec.core.sampling import sample
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
 
 PLACEHOLDER = -1
@@ -297,9 +298,7 @@ def next_block_drafts(
     q = laws.clone()
     q[:, mask_id] = 0.0
     q = q / q.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
-    if greedy:
-        return q.argmax(dim=-1), q
-    return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
+    return sample(q, generator, greedy), q
 
 
 def _gate_fallback(
