@@ -262,6 +262,25 @@ def test_fused_rows_end_at_the_placeholder_and_draw_the_next_block_when_all_are_
     assert rejection.take_fused_drafts() == {}  # taken once
 
 
+def test_fused_rows_draw_no_block_where_the_rule_emits_no_token_after_the_drafts():
+    """Gate commits accepted drafts without a token after them; the placeholders' laws follow that
+    missing token, so no next block is drawn (it would be one position off)."""
+    rows = [[2, 3, MASK, MASK, MASK], [MASK, MASK, MASK]]
+    p = [torch.stack([law(2), law(3), law(5), law(4), law(1)]), torch.stack([law(4), law(0), law(6)])]
+    q = [torch.stack([law(2), law(3), law(3), law(3), law(3)]), torch.stack([law(1), law(1), law(1)])]
+    rejection.set_fused_mask(MASK)
+    try:
+        out = call(
+            rows, p, q, [1, 1], metadata([0.0, 0.0]), choices=[RuleChoice("gate", {"theta": 0.01})] * 2
+        )
+        nxt = rejection.take_fused_drafts()
+    finally:
+        rejection.set_fused_mask(None)
+    assert out[0, :2].tolist() == [2, 3] and (out[0, 2:] == -1).all()  # both committed, nothing after
+    assert out[1, 0].item() == 4  # no drafts: the target's own token (the Gate fallback)
+    assert sorted(nxt) == [1] and nxt[1][0].tolist() == [0, 6]
+
+
 def test_fused_rows_are_exact_when_sampling_and_draw_drafts_from_the_placeholder_laws():
     """T = 1, rows [d, placeholder, placeholder] with d ~ q: the first emitted token follows p (the
     cut at the placeholder is an ordinary rejection), and each next draft follows the target's law

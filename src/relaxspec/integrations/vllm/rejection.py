@@ -272,8 +272,10 @@ def relaxed_rejection_sample(
         emitted = torch.where(pos == accepted.unsqueeze(1), next_token.unsqueeze(1), emitted)
         out[rows, : k + 1] = emitted.to(torch.int32)
         if mask_id is not None and cut:
+            # only where the token after the drafts is emitted: the placeholders' laws follow it
+            # (Gate emits none after accepted drafts)
             for i, (b, row_start, n) in enumerate(members):
-                if int(accepted[i]) == k and n - k >= 2:
+                if int(accepted[i]) == k and int(next_token[i]) >= 0 and n - k >= 2:
                     laws = probs[row_start + k + 1 : row_start + n]  # [m - 1, V]
                     fused_next[b] = next_block_drafts(laws, mask_id, is_greedy, gen)
         if counting:
