@@ -19,7 +19,14 @@ from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Ru
 from relaxspec.engine import Engine
 from relaxspec.engine.packed import KERNELS
 from relaxspec.engine.packed import attach as attach_kernels
-from relaxspec.engine.proposers.block import BlockProposer, trained_block_size
+from relaxspec.engine.proposers.block import (
+    DEFAULT_MIN_CONFIDENCE,
+    BlockProposer,
+    FusedBlockProposer,
+    check_min_confidence,
+    mask_token_id_of,
+    trained_block_size,
+)
 from relaxspec.engine.proposers.diffusion import REVEAL_ORDERS, DiffusionProposer, load_diffusion
 from relaxspec.engine.proposers.draft_model import DraftModel
 from relaxspec.engine.schedulers import ConfidenceSkip, Periodic, RawConfidence, Scheduler, Signal, Strict
@@ -218,11 +225,16 @@ register(
 DEFAULT_BLOCK_SIZE = 8
 
 
-def _block_proposer(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[LoadedModel, BlockProposer]:
-    """The block model and its proposer; ``block_size`` None = 8, capped at the trained size."""
+def _block_size(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[LoadedModel, int]:
+    """The block model and the block size; ``block_size`` None = 8, capped at the trained size."""
     block = models.require("block", method)
     trained = trained_block_size(block.model)
-    size = p["block_size"] if p["block_size"] is not None else min(DEFAULT_BLOCK_SIZE, trained)
+    return block, p["block_size"] if p["block_size"] is not None else min(DEFAULT_BLOCK_SIZE, trained)
+
+
+def _block_proposer(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[LoadedModel, BlockProposer]:
+    """The block model and its proposer (:func:`_block_size`)."""
+    block, size = _block_size(models, method, p)
     return block, BlockProposer.from_pretrained(block.model, block.tokenizer, size)
 
 
@@ -267,8 +279,23 @@ def _build_prove(models: ModelSet, p: dict[str, Any]) -> Engine:
     )
 
 
+def _validate_prove_lossless(p: dict[str, Any]) -> None:
+    _check_block_size(p)
+    if not isinstance(p["fused"], bool):
+        raise RelaxSpecError(f"fused must be true or false, got {p['fused']!r}")
+    check_min_confidence(p["min_confidence"])
+    if p["fused"] and p["block_size"] is not None and p["block_size"] < 2:
+        raise RelaxSpecError("a fused block needs block_size >= 2 (1 drafts nothing)")
+
+
 def _build_prove_lossless(models: ModelSet, p: dict[str, Any]) -> Engine:
-    block, proposer = _block_proposer(models, "prove-lossless", p)
+    proposer: BlockProposer | FusedBlockProposer
+    if p["fused"]:  # the block model drafts inside its own verification forward
+        block, size = _block_size(models, "prove-lossless", p)
+        mask_id = mask_token_id_of(block.tokenizer, "the block proposer's tokenizer")
+        proposer = FusedBlockProposer(block.model, size, mask_id, p["min_confidence"])
+    else:
+        block, proposer = _block_proposer(models, "prove-lossless", p)
     return Engine(
         block.model,
         block.tokenizer,
@@ -302,11 +329,12 @@ register(
 register(
     MethodSpec(
         "prove-lossless",
-        "ProVe-lossless: the block proposer verifies itself in AR mode (greedy = AR; sampling exact)",
+        "ProVe-lossless: the block proposer verifies itself in AR mode (greedy = AR; sampling exact); "
+        "fused: it drafts the next block inside that verification forward",
         ("block",),
-        {"block_size": None},
+        {"block_size": None, "fused": False, "min_confidence": DEFAULT_MIN_CONFIDENCE},
         _build_prove_lossless,
-        _check_block_size,
+        _validate_prove_lossless,
     )
 )
 

@@ -326,6 +326,8 @@ class Engine:
             run.state.unverified_run = 0
             return CycleRecord(n, None, 0, target_probs, None, [_ar_token(target_probs[0, 0], run)])
         assert self.proposer is not None and run.rule is not None
+        if getattr(self.proposer, "fused", False):
+            return self._fused_cycle(ids, k, run)
         t0 = _now(self.device)
         proposal = self.proposer.propose(ids, k, run.params, run.generator)
         stats.draft_seconds += _now(self.device) - t0
@@ -349,6 +351,38 @@ class Engine:
         stats.record_positions(k, accepted)
         if self.draft_length is not None:
             self.draft_length.observe(k, accepted)
+        run.state.unverified_run = 0
+        return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
+
+    def _fused_cycle(self, ids: torch.Tensor, k: int, run: _Run) -> CycleRecord:
+        """One verifier forward that verifies the drafts the last one drew and draws the next
+        block (:class:`~relaxspec.engine.proposers.block.FusedBlockProposer`, ProVe §2 layout).
+
+        Feeds ``[d_1..d_r, placeholder × m]`` after the committed ``ids[1, n]``; the laws
+        ``[1, r + 1 + m, V]`` verify the r drafts with the cycle's rule (the law after ``d_r`` gives
+        the token after them) and, when all r are accepted and that token is emitted, the m laws at
+        the placeholders are the next cycle's drafts.
+        """
+        assert self.proposer is not None and run.rule is not None
+        stats, n = run.stats, ids.shape[1]
+        proposal = self.proposer.propose(ids, k, run.params, run.generator)
+        r = proposal.k
+        holes = self.proposer.placeholders(min(k, self.context_length - n - r), ids.device)
+        laws = self._score(ids, torch.cat([proposal.tokens, holes], dim=1), run)  # [1, r+1+m, V]
+        target_probs = laws[:, : r + 1]
+        verdict = verify_unchecked(
+            run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
+        )
+        accepted = int(verdict.accepted[0])
+        chunk = verdict.emitted(proposal.tokens)
+        if r:
+            if verdict.exact_accepted is not None:
+                stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
+            stats.record_positions(r, accepted)
+            if self.draft_length is not None:
+                self.draft_length.observe(r, accepted)
+        if accepted == r and len(chunk) == r + 1 and holes.shape[1]:
+            self.proposer.receive(n + r + 1, laws[0, r + 1 :], run.params, run.generator)
         run.state.unverified_run = 0
         return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
 

@@ -10,6 +10,9 @@ proposer verifies itself (``prove-lossless`` at temperature > 0) — and the con
 
 KV of placeholder inputs never survives a cycle: the cache is cropped back to the committed
 length right after the forward, so it only ever holds committed tokens.
+
+:class:`FusedBlockProposer` is the same block model drafting inside its own verification forward
+(``prove-lossless``): placeholders after the drafts the verifier checks, their laws the next block.
 """
 
 from __future__ import annotations
@@ -82,6 +85,111 @@ def draw_block(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     tokens = sample(q, generator, params.greedy)  # [1, k]
     confidence = q.gather(-1, tokens[..., None]).squeeze(-1)  # [1, k]
     return Proposal(tokens=tokens, probs=q, confidence=confidence)
+
+
+# The fused layout's block cut (FusedBlockProposer.min_confidence): measured on the bundled block
+# model, tokens per verifier forward on math 2.47 (no cut), 2.75 (0.3), 2.76 (0.4), 2.62 (0.6);
+# code 1.54 -> 1.64 at 0.3 (docs/vllm-proposers.md, session 19).
+DEFAULT_MIN_CONFIDENCE = 0.3
+
+
+def check_min_confidence(value: object) -> float:
+    """The fused layout's block cut: a number in [0, 1) (None: :data:`DEFAULT_MIN_CONFIDENCE`)."""
+    if value is None:
+        return DEFAULT_MIN_CONFIDENCE
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise RelaxSpecError(f"min_confidence must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def draw_next_block(
+    laws: torch.Tensor, mask_id: int, greedy: bool, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused layout's drafts from the verifier's processed laws at placeholder slots ``[m, V]``:
+    ``(tokens [m], q [m, V])``, q the law each token is drawn from (argmax when greedy) with the
+    placeholder id removed, so a draft is never mistaken for a placeholder."""
+    q = laws.float().clone()
+    q[:, mask_id] = 0.0
+    q = q / q.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
+    return sample(q, generator, greedy), q
+
+
+def cut_block(tokens: torch.Tensor, q: torch.Tensor, min_confidence: float) -> int:
+    """How many of the drafts ``tokens [m]`` (drawn from ``q [m, V]``) to keep: all before the
+    first one its law gives less than ``min_confidence``."""
+    if min_confidence <= 0 or tokens.numel() == 0:
+        return int(tokens.numel())
+    unlikely = (q[torch.arange(tokens.numel()), tokens] < min_confidence).nonzero()
+    return int(unlikely[0]) if len(unlikely) else int(tokens.numel())
+
+
+class FusedBlockProposer:
+    """ProVe's block model drafting inside its own verification forward (``prove-lossless``).
+
+    When the verifier *is* the block model, a block draft ``[last real token, placeholder ×
+    (B − 1)]`` is a causal forward with the verify forward's layout, so one forward can do both:
+    the engine feeds the verifier ``[last committed, d_1..d_r, placeholder × (B − 1)]``
+    (:meth:`placeholders`); it verifies ``d_1..d_r`` as usual and, when all r are accepted and the
+    token after them is emitted, the verifier's laws at the placeholders are the block model's
+    laws of the B − 1 tokens after that token (ProVe §2's block layout with the accepted drafts as
+    context): :meth:`receive` draws them (:func:`draw_next_block`) as the next cycle's drafts,
+    cut before the first draft its law gives less than ``min_confidence`` (a rejection costs a
+    cycle that verifies nothing). After a rejection the next cycle has no drafts: it emits the
+    verifier's own token and draws a fresh block. No forward and no cache of its own (``calls``
+    stays 0). The vLLM plugin's fused seam runs the same layout inside vLLM.
+    """
+
+    name = "block-fused"
+    fused = True  # the engine runs its fused cycle (Engine._fused_cycle)
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        block_size: int,
+        mask_token_id: int | None = None,
+        min_confidence: float | None = None,
+    ) -> None:
+        self.block_size, self.mask_token_id = block_settings(model, block_size, mask_token_id)
+        if self.block_size < 2:
+            raise RelaxSpecError("a fused block needs block_size >= 2 (1 drafts nothing)")
+        self.min_confidence = check_min_confidence(min_confidence)
+        self.pending: tuple[int, Proposal] | None = None  # (committed length it follows, drafts)
+        self.calls = 0
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.pending = None
+
+    def propose(
+        self, ids: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        """The drafts the last cycle drew, at most ``k``, if they follow ``ids[1, n]``; else none
+        (``tokens [1, 0]``)."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending[0] != ids.shape[1]:
+            empty = torch.empty((1, 0), dtype=torch.long, device=ids.device)
+            return Proposal(tokens=empty, probs=None, confidence=torch.empty((1, 0), device=ids.device))
+        proposal = pending[1]
+        return Proposal(proposal.tokens[:, :k], proposal.probs[:, :k], proposal.confidence[:, :k])
+
+    def placeholders(self, room: int, device: torch.device) -> torch.Tensor:
+        """``[1, m]`` placeholders to feed after the drafts, ``m = min(B − 1, room)``."""
+        return torch.full((1, max(0, min(self.block_size - 1, room))), self.mask_token_id, device=device)
+
+    def receive(
+        self, length: int, laws: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> None:
+        """Draw the next cycle's drafts from the verifier's laws at the placeholders ``[m, V]``;
+        they follow the first ``length`` committed tokens."""
+        tokens, q = draw_next_block(laws, self.mask_token_id, params.greedy, generator)
+        keep = cut_block(tokens, q, self.min_confidence)
+        if keep == 0:
+            return
+        tokens, q = tokens[None, :keep], q[None, :keep]
+        confidence = q.gather(-1, tokens[..., None]).squeeze(-1)
+        self.pending = (length, Proposal(tokens=tokens, probs=q, confidence=confidence))
+
+    def rollback(self, length: int) -> None:
+        """Nothing cached: the pending drafts carry the length they follow."""
 
 
 class BlockProposer:
