@@ -56,12 +56,16 @@ def test_batched_equals_sequential(target, draft, method, params, temperature):
     assert batched.batcher is not None and max(batched.batcher.rows_per_step) > 1  # it really batched
 
 
-def test_batched_prove_lossless_equals_sequential(block):
+@pytest.mark.parametrize("fused", [False, True])
+def test_batched_prove_lossless_equals_sequential(block, fused):
+    """Both layouts (a proposer forward + a verify forward, or the verify forward drafting the
+    next block at its placeholders) give each request its sequential output in a batch."""
     models = ModelSet(target=block, block=block)
     sampling = [SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True) for n in LENGTHS]
-    alone = ServingPool(models, "prove-lossless", {"block_size": 4}, batching=False)
+    params = {"block_size": 4, "fused": fused}
+    alone = ServingPool(models, "prove-lossless", params, batching=False)
     expected = [alone.submit(p, s).tokens for p, s in zip(PROMPTS, sampling, strict=True)]
-    batched = ServingPool(models, "prove-lossless", {"block_size": 4}, batching=True)
+    batched = ServingPool(models, "prove-lossless", params, batching=True)
     assert run_concurrently(batched, sampling) == expected
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def records_of(engine, prompt: str, params: SamplingParams) -> tuple[list[CycleR
 @pytest.mark.parametrize("block_size", [1, 2, 4, 6])
 def test_prove_lossless_greedy_is_token_identical_to_ar(block, block_size):
     ar = build_engine("ar", block)
-    lossless = build_engine("prove-lossless", ModelSet(block=block), block_size=block_size)
+    lossless = build_engine("prove-lossless", ModelSet(block=block), block_size=block_size, fused=False)
     deep = 0
     for prompt in PROMPTS:
         expected = ar.generate(prompt, greedy(36)).tokens
@@ -50,8 +52,38 @@ def test_prove_lossless_greedy_is_token_identical_to_ar(block, block_size):
         assert deep > 0  # proposals really matched beyond position 1 somewhere
 
 
+@pytest.mark.parametrize("block_size,min_confidence", [(2, 0.0), (4, 0.3), (6, 0.0)])
+def test_fused_prove_lossless_greedy_is_token_identical_to_ar(block, block_size, min_confidence):
+    """fused=true: one verifier forward per cycle verifies the last block and draws the next one
+    at the placeholders; no proposer forward; greedy output = AR."""
+    ar = build_engine("ar", block)
+    models = ModelSet(block=block)
+    fused = build_engine(
+        "prove-lossless", models, block_size=block_size, fused=True, min_confidence=min_confidence
+    )
+    deep = 0
+    for prompt in PROMPTS:
+        expected = ar.generate(prompt, greedy(36)).tokens
+        records, result = records_of(fused, prompt, greedy(36))
+        assert result.tokens == expected
+        assert result.stats.draft_calls == 0 and result.stats.verifier_calls == len(records)
+        assert all(r.proposal is None or r.proposal.k <= block_size - 1 for r in records)
+        deep += sum(len(r.chunk) - 1 for r in records)  # tokens beyond one per forward
+    assert deep > 0
+
+
+def test_fused_cycles_draft_after_a_whole_block_and_not_after_a_rejection(block):
+    engine = build_engine("prove-lossless", ModelSet(block=block), block_size=6, fused=True, min_confidence=0)
+    records, result = records_of(engine, "w1 w3 w5 w7", greedy(40))
+    assert result.stats.tau > 1.5 and max(len(r.chunk) for r in records) >= 4
+    for before, after in itertools.pairwise(records[:-2]):  # not the budget's last cycles
+        # a cycle without drafts always draws a block; one with drafts only if all were accepted
+        whole = before.proposal is None or len(before.chunk) == before.proposal.k + 1
+        assert (after.proposal is not None) == whole
+
+
 def test_prove_lossless_commits_up_to_a_block_plus_bonus(block):
-    engine = build_engine("prove-lossless", ModelSet(block=block), block_size=6)
+    engine = build_engine("prove-lossless", ModelSet(block=block), block_size=6, fused=False)
     records, result = records_of(engine, "w1 w3 w5 w7", greedy(40))
     sizes = [len(r.chunk) for r in records if r.proposal is not None]
     assert max(sizes) == 7  # a fully accepted block of 6 plus the bonus token
@@ -150,7 +182,19 @@ def sample_triples(engine, prompt: str, n: int, params: SamplingParams) -> list[
 @pytest.mark.parametrize("temperature,top_p,block_size", [(1.0, 1.0, 3), (0.7, 0.9, 2)])
 def test_prove_lossless_sampling_is_exact(small_block, temperature, top_p, block_size):
     params = SamplingParams(temperature=temperature, top_p=top_p)
-    engine = build_engine("prove-lossless", ModelSet(block=small_block), block_size=block_size)
+    engine = build_engine("prove-lossless", ModelSet(block=small_block), block_size=block_size, fused=False)
+    samples = sample_triples(engine, "w0 w1", 3000, params)
+    assert chi_square_pvalue(samples, exact_ar_joint(small_block, "w0 w1", params)) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature,top_p,block_size", [(1.0, 1.0, 3), (0.7, 0.9, 4)])
+def test_fused_prove_lossless_sampling_is_exact(small_block, temperature, top_p, block_size):
+    """fused=true draws drafts from the placeholder laws (untrained: far from the AR law) and still
+    emits the AR law (the Exact rule with the q it drew from)."""
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    models = ModelSet(block=small_block)
+    engine = build_engine("prove-lossless", models, block_size=block_size, fused=True, min_confidence=0)
     samples = sample_triples(engine, "w0 w1", 3000, params)
     assert chi_square_pvalue(samples, exact_ar_joint(small_block, "w0 w1", params)) > 1e-3
 
@@ -195,6 +239,12 @@ def test_bad_input(block, verifier, tokenizer):
         build_engine("prove-lossless", ModelSet(block=LoadedModel(block.model, no_mask, None)), block_size=4)
     with pytest.raises(RelaxSpecError, match="is not a block proposer"):
         build_engine("mars", ModelSet(block=verifier), block_size=4)
+    with pytest.raises(RelaxSpecError, match="fused must be true or false"):
+        resolve_params("prove-lossless", {"fused": "yes"})
+    with pytest.raises(RelaxSpecError, match="min_confidence must be"):
+        resolve_params("prove-lossless", {"min_confidence": 1.0})
+    with pytest.raises(RelaxSpecError, match="block_size >= 2"):
+        resolve_params("prove-lossless", {"fused": True, "block_size": 1})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,8 +286,9 @@ def test_prefix_helpers():
 
 
 def test_analyze_cycles_on_prove_lossless(block):
-    """Greedy prove-lossless: accepted = AR-matching prefix every cycle, non-matching rate 0."""
-    engine = build_engine("prove-lossless", ModelSet(block=block), block_size=6)
+    """Greedy prove-lossless (proposer forward + verify forward): accepted = AR-matching prefix
+    every cycle, non-matching rate 0."""
+    engine = build_engine("prove-lossless", ModelSet(block=block), block_size=6, fused=False)
     prompt = "w2 w5 w0 w3"
     records, result = records_of(engine, prompt, greedy(40))
     ids = torch.cat([engine.encode(prompt), torch.tensor([result.tokens])], dim=1)

@@ -332,7 +332,7 @@ register(
         "ProVe-lossless: the block proposer verifies itself in AR mode (greedy = AR; sampling exact); "
         "fused: it drafts the next block inside that verification forward",
         ("block",),
-        {"block_size": None, "fused": False, "min_confidence": DEFAULT_MIN_CONFIDENCE},
+        {"block_size": None, "fused": True, "min_confidence": DEFAULT_MIN_CONFIDENCE},
         _build_prove_lossless,
         _validate_prove_lossless,
     )

@@ -384,6 +384,8 @@ class Engine:
         if accepted == r and len(chunk) == r + 1 and holes.shape[1]:
             self.proposer.receive(n + r + 1, laws[0, r + 1 :], run.params, run.generator)
         run.state.unverified_run = 0
+        if not r:  # nothing verified: the verifier's own token (and a block drawn), like an AR step
+            return CycleRecord(n, None, 0, target_probs, None, chunk)
         return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
 
     def _score(self, ids: torch.Tensor, draft: torch.Tensor, run: _Run) -> torch.Tensor:

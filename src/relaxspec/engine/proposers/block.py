@@ -153,6 +153,7 @@ class FusedBlockProposer:
         if self.block_size < 2:
             raise RelaxSpecError("a fused block needs block_size >= 2 (1 drafts nothing)")
         self.min_confidence = check_min_confidence(min_confidence)
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
         self.pending: tuple[int, Proposal] | None = None  # (committed length it follows, drafts)
         self.calls = 0
 
@@ -167,7 +168,8 @@ class FusedBlockProposer:
         pending, self.pending = self.pending, None
         if pending is None or pending[0] != ids.shape[1]:
             empty = torch.empty((1, 0), dtype=torch.long, device=ids.device)
-            return Proposal(tokens=empty, probs=None, confidence=torch.empty((1, 0), device=ids.device))
+            no_law = torch.empty((1, 0, self.vocab), device=ids.device)
+            return Proposal(tokens=empty, probs=no_law, confidence=torch.empty((1, 0), device=ids.device))
         proposal = pending[1]
         return Proposal(proposal.tokens[:, :k], proposal.probs[:, :k], proposal.confidence[:, :k])
 

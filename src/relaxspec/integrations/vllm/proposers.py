@@ -24,7 +24,7 @@ is passed as the engine's ``hf_overrides`` and vLLM composes it into the drafter
 model itself, and a block draft is a causal forward of the same layout as a verify forward, so the
 target forward carries the next block's placeholders after the drafts it verifies
 (:class:`FusedBlockDrafter`; the acceptance step draws the next block from the target's laws at
-the placeholders, :func:`relaxspec.integrations.vllm.rejection.next_block_drafts`). One forward
+the placeholders, :func:`relaxspec.engine.proposers.block.draw_next_block`). One forward
 per step instead of two.
 
 The ``Gate`` rule of ``prove`` needs the proposer's own probability of each draft. vLLM hands
@@ -77,6 +77,7 @@ import torch
 from torch import Tensor
 
 from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.proposers.block import check_min_confidence, cut_block
 from relaxspec.errors import RelaxSpecError
 
 log = logging.getLogger("relaxspec.vllm")
@@ -85,7 +86,6 @@ MARS_MASK_ATTR = "mars_mask_token_id"  # relaxspec.engine.proposers.block.MASK_I
 CONFIG_KEY = "relaxspec_diffusion"  # key of vLLM's additional_config
 BLOCK_CONFIG_KEY = "relaxspec_block"
 FUSED_CONFIG_KEY = "relaxspec_fused"
-DEFAULT_MIN_CONFIDENCE = 0.3  # the fused seam's block cut (docs/vllm-proposers.md, session 19)
 DIFFUSION_CLASS = "relaxspec.integrations.vllm.proposers.DiffusionDrafter"
 BLOCK_CLASS = "relaxspec.integrations.vllm.proposers.BlockDrafter"
 FUSED_CLASS = "relaxspec.integrations.vllm.proposers.FusedBlockDrafter"
@@ -478,15 +478,6 @@ class BlockDrafter(OwnCacheDrafter):
         return model
 
 
-def check_min_confidence(value: float | None) -> float:
-    """The fused seam's block cut: a float in [0, 1) (None: :data:`DEFAULT_MIN_CONFIDENCE`)."""
-    if value is None:
-        return DEFAULT_MIN_CONFIDENCE
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        raise RelaxSpecError(f"min_confidence must be a number in [0, 1), got {value!r}")
-    return float(value)
-
-
 def fused_slots(block_size: int) -> int:
     """Draft slots per step of the fused seam at block size B: B − 1 drafts and B placeholders."""
     return 2 * block_size - 1
@@ -502,14 +493,15 @@ class FusedBlockDrafter(PluginProposer):
     d_1..d_r, placeholder × B]``: the target verifies ``d_1..d_r`` (r ≤ B − 1) and draws the token
     after the accepted ones, exactly as for any drafts; when all r are accepted, its laws at the
     first B − 1 placeholders are the next block's drafts (they follow that drawn token), drawn by
-    the acceptance step (:func:`~relaxspec.integrations.vllm.rejection.next_block_drafts`) and
+    the acceptance step (:func:`~relaxspec.engine.proposers.block.draw_next_block`) and
     returned here by the next :meth:`propose`. After a rejection the next step feeds placeholders
     only (r = 0): the target's own token plus the next drafts. One forward per step and no drafter
     model or cache; the price is the placeholder slots in the target forward, and the first
     draft of a block is no longer the always-accepted AR head (it is the token the target draws).
 
     A drawn block is cut before its first draft whose law gives it less than ``min_confidence``
-    (``additional_config["relaxspec_fused"]``, default :data:`DEFAULT_MIN_CONFIDENCE`; 0 = never):
+    (``additional_config["relaxspec_fused"]``, default
+    :data:`~relaxspec.engine.proposers.block.DEFAULT_MIN_CONFIDENCE`; 0 = never):
     a rejected draft costs more here than on the other seams, because the step after a rejection
     verifies nothing (it only drafts), so a block short enough to be accepted whole pays — on math
     the cut at 0.3 raised tokens per target forward from 2.47 to 2.75 (session 19).
@@ -576,9 +568,8 @@ class FusedBlockDrafter(PluginProposer):
             placeholders = min(self.block_size, max(2, (budget + 1) // 2))  # ≥ 2: one draft
             tokens, q = self.next.get(req_ids[i], (None, None))
             r = 0 if tokens is None else min(int(tokens.shape[0]), budget - placeholders)
-            if r and self.min_confidence > 0:  # cut the block before its first unlikely draft
-                unlikely = (q[torch.arange(r), tokens[:r]] < self.min_confidence).nonzero()
-                r = int(unlikely[0]) if len(unlikely) else r
+            if r:  # cut the block before its first unlikely draft
+                r = cut_block(tokens[:r], q[:r], self.min_confidence)
             if r:
                 laws.append((i, q[:r]))
                 drafts[i] = tokens[:r].tolist()

@@ -29,7 +29,8 @@ vLLM's own float32 softmax outputs; never a copy of a rule):
   the target's own; when every real draft is accepted, the target's laws at the first ``m − 1``
   placeholders are the block model's laws of the ``m − 1`` tokens after that one (ProVe §2's block
   layout, the accepted tokens as the block's context): the next drafts are drawn from them
-  (:func:`next_block_drafts`) and handed to the proposer (:func:`take_fused_drafts`).
+  (:func:`relaxspec.engine.proposers.block.draw_next_block`) and handed to the proposer
+  (:func:`take_fused_drafts`).
 
 Counters (per draft position): drafts verified, accepted, and accepted *only* because of the
 relaxation (accepted beyond the exact rule's prefix on the same uniforms) — see :func:`snapshot`.
@@ -47,7 +48,7 @@ import torch
 from torch import Tensor
 
 from relaxspec.core.acceptance import Gate, verify_unchecked
-from relaxspec.core.sampling import sample
+from relaxspec.engine.proposers.block import draw_next_block
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
 
 PLACEHOLDER = -1
@@ -277,7 +278,7 @@ def relaxed_rejection_sample(
             for i, (b, row_start, n) in enumerate(members):
                 if int(accepted[i]) == k and int(next_token[i]) >= 0 and n - k >= 2:
                     laws = probs[row_start + k + 1 : row_start + n]  # [m - 1, V]
-                    fused_next[b] = next_block_drafts(laws, mask_id, is_greedy, gen)
+                    fused_next[b] = draw_next_block(laws, mask_id, is_greedy, gen)
         if counting:
             COUNTERS.add(
                 choices[b0].label() + ("/greedy" if is_greedy else ""),
@@ -289,18 +290,6 @@ def relaxed_rejection_sample(
     if counting:
         _flush()
     return out
-
-
-def next_block_drafts(
-    laws: Tensor, mask_id: int, greedy: bool, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor]:
-    """Drafts from the block model's laws at placeholder slots ``[m, V]`` (processed target laws):
-    ``(tokens [m], q [m, V])``, q the law each token is drawn from (argmax when greedy) with the
-    placeholder id removed, so a draft is never mistaken for a placeholder next step."""
-    q = laws.clone()
-    q[:, mask_id] = 0.0
-    q = q / q.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
-    return sample(q, generator, greedy), q
 
 
 def _gate_fallback(

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relaxspec.engine.proposers.block import check_min_confidence
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
-from relaxspec.integrations.vllm.proposers import check_min_confidence
 from relaxspec.integrations.vllm.rules import PARAM_KEYS, RuleChoice, canonical
 from relaxspec.methods import BASE_PARAMS
 from relaxspec.models import model_dir
