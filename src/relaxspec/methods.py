@@ -23,6 +23,7 @@ from relaxspec.engine.proposers.block import (
     DEFAULT_MIN_CONFIDENCE,
     BlockProposer,
     FusedBlockProposer,
+    check_fused_block_size,
     check_min_confidence,
     mask_token_id_of,
     trained_block_size,
@@ -284,8 +285,8 @@ def _validate_prove_lossless(p: dict[str, Any]) -> None:
     if not isinstance(p["fused"], bool):
         raise RelaxSpecError(f"fused must be true or false, got {p['fused']!r}")
     check_min_confidence(p["min_confidence"])
-    if p["fused"] and p["block_size"] is not None and p["block_size"] < 2:
-        raise RelaxSpecError("a fused block needs block_size >= 2 (1 drafts nothing)")
+    if p["fused"] and p["block_size"] is not None:
+        check_fused_block_size(p["block_size"])
 
 
 def _build_prove_lossless(models: ModelSet, p: dict[str, Any]) -> Engine:

@@ -344,13 +344,8 @@ class Engine:
         verdict = verify_unchecked(
             run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
         )
-        accepted = int(verdict.accepted[0])
+        self._count(k, verdict, stats)
         chunk = verdict.emitted(proposal.tokens)
-        if verdict.exact_accepted is not None:
-            stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
-        stats.record_positions(k, accepted)
-        if self.draft_length is not None:
-            self.draft_length.observe(k, accepted)
         run.state.unverified_run = 0
         return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
 
@@ -373,20 +368,25 @@ class Engine:
         verdict = verify_unchecked(
             run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
         )
-        accepted = int(verdict.accepted[0])
+        accepted = self._count(r, verdict, stats) if r else 0
         chunk = verdict.emitted(proposal.tokens)
-        if r:
-            if verdict.exact_accepted is not None:
-                stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
-            stats.record_positions(r, accepted)
-            if self.draft_length is not None:
-                self.draft_length.observe(r, accepted)
         if accepted == r and len(chunk) == r + 1 and holes.shape[1]:
             self.proposer.receive(n + r + 1, laws[0, r + 1 :], run.params, run.generator)
         run.state.unverified_run = 0
         if not r:  # nothing verified: the verifier's own token (and a block drawn), like an AR step
             return CycleRecord(n, None, 0, target_probs, None, chunk)
         return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
+
+    def _count(self, k: int, verdict: Verdict, stats: GenerationStats) -> int:
+        """Record a verified cycle of ``k`` drafts (per-position acceptance, acceptances owed to
+        the relaxation, the draft-length policy); returns the accepted count."""
+        accepted = int(verdict.accepted[0])
+        if verdict.exact_accepted is not None:
+            stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
+        stats.record_positions(k, accepted)
+        if self.draft_length is not None:
+            self.draft_length.observe(k, accepted)
+        return accepted
 
     def _score(self, ids: torch.Tensor, draft: torch.Tensor, run: _Run) -> torch.Tensor:
         """The verifier pass (timed): processed target laws ``[1, K+1, V]``."""

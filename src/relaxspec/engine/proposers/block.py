@@ -102,6 +102,13 @@ def check_min_confidence(value: object) -> float:
     return float(value)
 
 
+def check_fused_block_size(block_size: int) -> int:
+    """A fused block drafts ``block_size − 1`` tokens after the verifier's own: at least 2."""
+    if block_size < 2:
+        raise RelaxSpecError("a fused block needs block_size >= 2 (at least 2: a block of 1 drafts nothing)")
+    return block_size
+
+
 def draw_next_block(
     laws: torch.Tensor, mask_id: int, greedy: bool, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,8 +157,7 @@ class FusedBlockProposer:
         min_confidence: float | None = None,
     ) -> None:
         self.block_size, self.mask_token_id = block_settings(model, block_size, mask_token_id)
-        if self.block_size < 2:
-            raise RelaxSpecError("a fused block needs block_size >= 2 (1 drafts nothing)")
+        check_fused_block_size(self.block_size)
         self.min_confidence = check_min_confidence(min_confidence)
         self.vocab = int(model.get_output_embeddings().weight.shape[0])
         self.pending: tuple[int, Proposal] | None = None  # (committed length it follows, drafts)

@@ -77,7 +77,7 @@ import torch
 from torch import Tensor
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.proposers.block import check_min_confidence, cut_block
+from relaxspec.engine.proposers.block import check_fused_block_size, check_min_confidence, cut_block
 from relaxspec.errors import RelaxSpecError
 
 log = logging.getLogger("relaxspec.vllm")
@@ -166,9 +166,11 @@ def speculative_settings(
         spec = {"method": "custom_class", "model": BLOCK_CLASS, "num_speculative_tokens": k}
         return spec, {BLOCK_CONFIG_KEY: {"path": drafter}}
     if proposer == "block-fused":
-        if k < 2:
-            raise RelaxSpecError("the fused seam needs a block size of at least 2 (1 drafts nothing)")
-        spec = {"method": "custom_class", "model": FUSED_CLASS, "num_speculative_tokens": fused_slots(k)}
+        spec = {
+            "method": "custom_class",
+            "model": FUSED_CLASS,
+            "num_speculative_tokens": fused_slots(check_fused_block_size(k)),
+        }
         return spec, {FUSED_CONFIG_KEY: {"min_confidence": check_min_confidence(min_confidence)}}
     if proposer == "diffusion":
         spec = {"method": "custom_class", "model": DIFFUSION_CLASS, "num_speculative_tokens": k}
@@ -526,8 +528,7 @@ class FusedBlockDrafter(PluginProposer):
             )
         self.mask_id = int(mask_id)
         self.block_size = (self.k + 1) // 2
-        if self.block_size < 2:
-            raise RelaxSpecError("the fused seam needs a block size of at least 2 (1 drafts nothing)")
+        check_fused_block_size(self.block_size)
         if self.block_size > trained:
             raise RelaxSpecError(
                 f"block size {self.block_size} exceeds the block model's trained size ({trained})"

@@ -275,8 +275,9 @@ def relaxed_rejection_sample(
         if mask_id is not None and cut:
             # only where the token after the drafts is emitted: the placeholders' laws follow it
             # (Gate emits none after accepted drafts)
-            for i, (b, row_start, n) in enumerate(members):
-                if int(accepted[i]) == k and int(next_token[i]) >= 0 and n - k >= 2:
+            ends = zip(accepted.tolist(), next_token.tolist(), members, strict=True)
+            for n_accepted, after, (b, row_start, n) in ends:
+                if n_accepted == k and after >= 0 and n - k >= 2:
                     laws = probs[row_start + k + 1 : row_start + n]  # [m - 1, V]
                     fused_next[b] = draw_next_block(laws, mask_id, is_greedy, gen)
         if counting:
