@@ -209,3 +209,40 @@ def test_a_prompt_without_a_docstring_works(mode):
         "entry_point": "f",
     }
     assert check_completion(helpers, "    return x * x + 1\n").passed
+
+
+HANDLERS = {  # every route to a signal handler (handed a frame) or a timer; each must fail
+    "signal.signal": "import signal\nsignal.signal(signal.SIGUSR1, print)\n",
+    "re-imported signal": (
+        "import sys\ndel sys.modules['signal']\nimport signal\nsignal.signal(signal.SIGUSR1, print)\n"
+    ),
+    "_signal": "import _signal\n_signal.signal(10, print)\n",
+    "_signal from sys.modules": "import sys\nsys.modules['_signal'].signal(10, print)\n",
+    "a second _signal": (
+        "import importlib.util, importlib.machinery\n"
+        "s = importlib.util.module_from_spec(importlib.machinery.BuiltinImporter.find_spec('_signal'))\n"
+        "s.signal(10, print)\n"
+    ),
+    "setitimer": "import signal\nsignal.setitimer(signal.ITIMER_REAL, 30)\n",
+    "alarm": "import signal\nsignal.alarm(30)\n",
+    "raise_signal": "import signal\nsignal.raise_signal(signal.SIGCHLD)\n",
+    "set_wakeup_fd": (
+        "import signal, os\nw = os.pipe()[1]\nos.set_blocking(w, False)\nsignal.set_wakeup_fd(w)\n"
+    ),
+    "faulthandler.register": "import faulthandler\nfaulthandler.register(10)\n",
+    "faulthandler later": "import faulthandler\nfaulthandler.dump_traceback_later(30)\n",
+    "a second faulthandler": (
+        "import importlib.util, importlib.machinery\n"
+        "f = importlib.util.module_from_spec(importlib.machinery.BuiltinImporter.find_spec('faulthandler'))\n"
+        "f.register(10)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("route", list(HANDLERS))
+def test_no_signal_handler_timer_or_faulthandler_can_be_set(mode, route):
+    result = run_python(HANDLERS[route], Limits(timeout=5))
+    assert result.status == "failed", (route, result)
+    if mode == NAMESPACES:  # the same program, without the guard, does set it: the test can fail
+        threads = Limits(timeout=5, processes=8)  # faulthandler's watchdog is a thread
+        assert sandbox._run({"program": HANDLERS[route], "unguarded": True}, threads).passed
