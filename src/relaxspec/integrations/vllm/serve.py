@@ -12,26 +12,41 @@ vLLM's draft-model proposer, after setting, for every vLLM process it starts:
   ``relaxspec_relaxed_accepted_total{position}`` (accepted only thanks to the relaxation),
   ``relaxspec_verify_rows_total``, ``relaxspec_emitted_tokens_total``.
 
-``--api-key`` is vLLM's (``Authorization: Bearer <key>`` on the ``/v1`` routes).
+Our middleware (:mod:`.guard`) stands before every route vLLM mounts: the API key (all but
+``/health``), the body cap, the ``max_tokens`` cap and default. The other serving flags map to
+vLLM's: ``max_concurrency`` -> ``--max-num-seqs``, ``max_tokens_cap`` -> also
+``--override-generation-config`` (vLLM clamps to it), ``log_level`` -> ``VLLM_LOGGING_LEVEL`` and
+``--uvicorn-log-level``.
+
+Nothing outlives the server: vLLM's processes die with it (:func:`plugin.die_with_parent`) and the
+stats directory is removed on return, exception or SIGTERM here, after a ``kill -9`` by a watchdog
+process (:mod:`.stats_watchdog`), and, were that killed too, at the next start (:func:`temporary_stats_dir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations import vllm as plugin
-from relaxspec.integrations.vllm import proposers
+from relaxspec.integrations.vllm import guard, proposers
 from relaxspec.integrations.vllm.rejection import ENV_STATS_DIR
 from relaxspec.integrations.vllm.rules import ENV_RULE, RuleChoice, canonical
 from relaxspec.models import model_dir
+
+STATS_PREFIX = "relaxspec-vllm-stats-"  # then the server's pid and a random suffix
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
 def read_stats(where: str | Path) -> dict[str, Any]:
@@ -121,7 +136,6 @@ def vllm_args(
     k: int = 4,
     host: str = "127.0.0.1",
     port: int = 8000,
-    api_key: str | None = None,
     served_model_name: str | None = None,
     max_model_len: int | None = None,
     tensor_parallel_size: int = 1,
@@ -144,8 +158,6 @@ def vllm_args(
                 "--tensor-parallel-size", str(tensor_parallel_size)]  # fmt: skip
         if max_model_len:
             argv += ["--max-model-len", str(max_model_len)]
-        if api_key:
-            argv += ["--api-key", api_key]
         return argv
 
     if method in runners.PROPOSER_METHODS:  # our proposers inside vLLM (.proposers); paths by role
@@ -174,43 +186,127 @@ def vllm_args(
     return argv + list(extra), rule
 
 
+@contextlib.contextmanager
+def temporary_stats_dir() -> Iterator[str]:
+    """A fresh directory for the samplers' counts, removed when this process ends, however it ends.
+
+    Return, exception or SIGTERM (uvicorn returns): removed here. ``kill -9``: a watchdog process
+    (:mod:`.stats_watchdog`) removes it once this process and the engine core it forked are gone.
+    Both killed at once (``kill -9`` of the process group): the next start removes directories
+    whose server pid (in the name) is dead (:func:`remove_stale_stats_dirs`).
+    """
+    remove_stale_stats_dirs()
+    where = tempfile.mkdtemp(prefix=f"{STATS_PREFIX}{os.getpid()}-")
+    program = str(Path(__file__).with_name("stats_watchdog.py"))
+    watchdog = subprocess.Popen([sys.executable, "-I", program, where], stdin=subprocess.PIPE)
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+        if watchdog.stdin is not None:
+            watchdog.stdin.close()
+
+
+def remove_stale_stats_dirs() -> None:
+    """Remove this user's stats directories whose server process is dead."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{STATS_PREFIX}*")):
+        pid = os.path.basename(path)[len(STATS_PREFIX) :].partition("-")[0]
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and os.stat(path).st_uid == os.getuid() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serving_args(
+    *, max_concurrency: int | None = None, max_tokens_cap: int | None = None, log_level: str | None = None
+) -> list[str]:
+    """vLLM's flags for our serving options (None: vLLM's default)."""
+    argv = ["--middleware", guard.MIDDLEWARE]
+    if max_concurrency is not None:
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
+            raise RelaxSpecError(f"--max-concurrency must be an integer >= 1, got {max_concurrency!r}")
+        argv += ["--max-num-seqs", str(max_concurrency)]
+    if max_tokens_cap is not None:  # vLLM clamps every generation to it (the guard refuses more)
+        argv += ["--override-generation-config", json.dumps({"max_new_tokens": max_tokens_cap})]
+    if log_level is not None:
+        if log_level not in LOG_LEVELS:
+            raise RelaxSpecError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+        argv += ["--uvicorn-log-level", log_level]
+    return argv
+
+
 def serve(
     method: str = "nsd",
     params: dict[str, Any] | None = None,
     *,
     stock: bool = False,
     stats_dir: str | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int | None = None,
+    max_tokens_cap: int | None = None,
+    default_max_tokens: int | None = None,
+    max_concurrency: int | None = None,
+    log_level: str | None = None,
     **kwargs: Any,
 ) -> None:
-    """Run vLLM's OpenAI server with the plugin (blocks until the server stops)."""
+    """Run vLLM's OpenAI server with the plugin (blocks until the server stops).
+
+    ``api_key`` (else ``$VLLM_API_KEY``), ``max_body_bytes``, ``max_tokens_cap`` and
+    ``default_max_tokens`` are enforced by :mod:`.guard` on every route; ``max_concurrency`` and
+    ``log_level`` go to vLLM (:func:`serving_args`); the rest to :func:`vllm_args`.
+    """
     plugin.require_vllm()
+    # Ours is the one key check, on every route; vLLM's would only repeat it on /v1 (and its
+    # children need not hold the key).
+    api_key = api_key or os.environ.pop("VLLM_API_KEY", None) or None
+    door = guard.GuardConfig(api_key, max_body_bytes, max_tokens_cap, default_max_tokens)
+    limits = serving_args(max_concurrency=max_concurrency, max_tokens_cap=max_tokens_cap, log_level=log_level)
+    if log_level is not None:  # before vLLM's logger is set up, and for every process it starts
+        os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG" if log_level == "trace" else log_level.upper()
     plugin.check_version()
-    argv, rule = vllm_args(method, dict(params or {}), stock=stock, **kwargs)
+    extra = [*limits, *kwargs.pop("extra", ())]
+    argv, rule = vllm_args(method, dict(params or {}), stock=stock, extra=extra, **kwargs)
+    guard.configure(door)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if stock:
-        from relaxspec.integrations.vllm.offline import other_plugins
+    plugin.die_with_parent()  # vLLM's engine core (forked from here) dies with this process
+    with contextlib.ExitStack() as stack:
+        if stock:
+            from relaxspec.integrations.vllm.offline import other_plugins
 
-        os.environ["VLLM_PLUGINS"] = ",".join(other_plugins()) or "none"
-        os.environ[plugin.ENV_DISABLE] = "1"
-    else:
-        if rule is not None:
-            os.environ[ENV_RULE] = rule.to_json()
-        stats_dir = stats_dir or tempfile.mkdtemp(prefix="relaxspec-vllm-stats-")
-        os.environ[ENV_STATS_DIR] = stats_dir
-        plugin.register()
-        from prometheus_client import REGISTRY
+            os.environ["VLLM_PLUGINS"] = ",".join(other_plugins()) or "none"
+            os.environ[plugin.ENV_DISABLE] = "1"
+        else:
+            if rule is not None:
+                os.environ[ENV_RULE] = rule.to_json()
+            where = stats_dir or stack.enter_context(temporary_stats_dir())
+            os.environ[ENV_STATS_DIR] = where
+            plugin.register()
+            from prometheus_client import REGISTRY
 
-        REGISTRY.register(StatsCollector(stats_dir, kwargs.get("served_model_name") or "relaxspec"))
+            REGISTRY.register(StatsCollector(where, kwargs.get("served_model_name") or "relaxspec"))
+        _run_vllm_server(argv, method)
 
+
+def _run_vllm_server(argv: list[str], method: str) -> None:
+    """Parse ``argv`` with ``vllm serve``'s parser and run its API server (blocks)."""
     import uvloop
     from vllm.entrypoints.launchers.api_server.entry import run_server
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(description="relaxspec serve --engine vllm"))
-    args = parser.parse_args(argv)
     from relaxspec.integrations.vllm import runners
 
+    parser = make_arg_parser(FlexibleArgumentParser(description="relaxspec serve --engine vllm"))
+    args = parser.parse_args(argv)
     if runners.needs_mars_overrides(method):  # the block proposer's placeholder id (.proposers)
         from relaxspec.integrations.vllm.proposers import mars_hf_overrides
 
@@ -241,6 +337,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--stock", action="store_true", help="vLLM without the plugin")
     ap.add_argument("--k-schedule", help="draft length per batch size, e.g. 1-4:4,5-16:2,17-256:0")
+    # the serving options `relaxspec serve` shares with our engine (see serve())
+    for flag in ("--max-body-bytes", "--max-tokens-cap", "--default-max-tokens", "--max-concurrency"):
+        ap.add_argument(flag, type=int)
+    ap.add_argument("--log-level", choices=LOG_LEVELS)
     # prove-lossless / prove / sdd: our proposers inside vLLM (relaxspec.integrations.vllm.proposers)
     for flag, typ in (("--block-size", int), ("--gamma", int), ("--steps", int), ("--reveal", str),
                       ("--accept", str), ("--seam", str), ("--min-confidence", float),
@@ -275,6 +375,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=ns.host,
         port=ns.port,
         api_key=ns.api_key,
+        max_body_bytes=ns.max_body_bytes,
+        max_tokens_cap=ns.max_tokens_cap,
+        default_max_tokens=ns.default_max_tokens,
+        max_concurrency=ns.max_concurrency,
+        log_level=ns.log_level,
         served_model_name=ns.served_model_name,
         max_model_len=ns.max_model_len,
         tensor_parallel_size=ns.tensor_parallel_size,
