@@ -203,7 +203,7 @@ def test_prompt_files(tmp_path):
 def test_dataset_bad_input(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(RelaxSpecError, match="has no examples"):
+    with pytest.raises(RelaxSpecError, match="empty prompt file"):
         load_examples(str(empty), 5)
     with pytest.raises(RelaxSpecError, match="limit"):
         load_examples("math", 0)
