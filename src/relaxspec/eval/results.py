@@ -9,8 +9,9 @@ greedy AR tokens for agreement when the grid samples.
 Rows are always recomputed from the records (:func:`build_rows`), by the benchmark and the report
 alike: throughput is total new tokens / total in-flight seconds of a cell, speedup is relative to
 the ``ar`` cell of the same dataset, seed and sampling settings. Every quality figure (task
-quality, agreement with greedy AR) carries its n and 95 % interval, and every row a paired
-comparison with its baseline row on the same prompts and seeds (:mod:`relaxspec.eval.intervals`).
+quality, agreement with greedy AR) carries its n and 95 % interval, every speedup its 95 %
+interval over prompts, and every row a paired comparison with its baseline row on the same
+prompts and seeds (:mod:`relaxspec.eval.intervals`).
 """
 
 from __future__ import annotations
@@ -170,6 +171,8 @@ class Row:
     seconds: float = 0.0
     tokens_per_second: float = 0.0
     speedup: float | None = None
+    # its 95 % interval (intervals.speed_ratio: jackknife over prompts of the paired log ratio)
+    speedup_ci: dict[str, Any] | None = None
     tau: float | None = None
     verifier_calls_per_token: float | None = None
     draft_calls_per_token: float | None = None
@@ -298,6 +301,30 @@ def per_prompt(
     return out
 
 
+def timings(records: Iterable[dict[str, Any]]) -> dict[Outcome, tuple[int, float]]:
+    """(new tokens, in-flight seconds) per (dataset, example, seed) of successful ``records``."""
+    return {
+        (r["cell"]["dataset"], r["example"], int(r["cell"]["seed"])): (len(r["tokens"]), float(r["seconds"]))
+        for r in records
+        if r.get("error") is None
+    }
+
+
+def speed_interval(
+    row: dict[Outcome, tuple[int, float]], baseline: dict[Outcome, tuple[int, float]]
+) -> dict[str, Any] | None:
+    """95 % interval of a row's speed over its baseline's on their common (dataset, example,
+    seed), all seeds of a prompt left out together (:func:`intervals.speed_ratio`); None where
+    fewer than two prompts are common or a side timed nothing."""
+    keys, x, y = intervals.pair_by_key(row, baseline)
+    if not keys or min(sum(t[i] for t in side) for side in (x, y) for i in (0, 1)) <= 0:
+        return None
+    tok_x, sec_x = zip(*x, strict=True)
+    tok_y, sec_y = zip(*y, strict=True)
+    iv = intervals.speed_ratio(tok_x, sec_x, tok_y, sec_y, _clusters(keys))
+    return None if iv is None else iv.to_dict()
+
+
 def _clusters(keys: Iterable[Outcome]) -> list[tuple[str, str]]:
     """The prompt of each outcome: all seeds of one prompt are resampled together."""
     return [(dataset, example) for dataset, example, _ in keys]
@@ -421,18 +448,7 @@ def build_rows(
     ``combine_seeds`` pools the records of all seeds of a cell into one row (seed ``ALL_SEEDS``):
     total tokens over total seconds again, never a mean of per-seed rates.
     """
-    latest = latest_records(records)
-    cells: dict[str, Cell] = {}
-    by_cell: dict[str, list[dict[str, Any]]] = {}
-    seeds: dict[str, set[int]] = {}
-    for r in latest.values():
-        cell = Cell.from_dict(r["cell"])
-        seed = cell.seed
-        if combine_seeds:
-            cell = replace(cell, seed=ALL_SEEDS)
-        cells.setdefault(cell.key, cell)
-        by_cell.setdefault(cell.key, []).append(r)
-        seeds.setdefault(cell.key, set()).add(seed)
+    cells, by_cell, seeds = records_by_cell(records, combine_seeds)
     refs = references(records)
     keys = [k for k in (order or []) if k in cells] + [k for k in cells if k not in set(order or [])]
 
@@ -448,15 +464,37 @@ def build_rows(
     def group(r: Row) -> tuple:
         return (r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens)
 
-    base: dict[tuple, float] = {}
+    base: dict[tuple, Row] = {}
     for r in rows:
         if is_baseline(r, baseline):
-            base.setdefault(group(r), r.tokens_per_second)
+            base.setdefault(group(r), r)
     for r in rows:
-        if r.prompts:
-            r.speedup = speedup(r.tokens_per_second, base.get(group(r)))
+        b = base.get(group(r))
+        if r.prompts and b is not None:
+            r.speedup = speedup(r.tokens_per_second, b.tokens_per_second)
+            if b.key != r.key and r.speedup is not None:
+                r.speedup_ci = speed_interval(timings(by_cell[r.key]), timings(by_cell[b.key]))
     pair_rows(rows, {k: per_prompt(by_cell[k], ref(k)) for k in keys}, cells, baseline)
     return rows
+
+
+def records_by_cell(
+    records: Iterable[dict[str, Any]], combine_seeds: bool = False
+) -> tuple[dict[str, Cell], dict[str, list[dict[str, Any]]], dict[str, set[int]]]:
+    """(cells, latest records, seeds) by cell key; ``combine_seeds``: one pooled cell (seed
+    ``ALL_SEEDS``) for all seeds of a runner."""
+    cells: dict[str, Cell] = {}
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    seeds: dict[str, set[int]] = {}
+    for r in latest_records(records).values():
+        cell = Cell.from_dict(r["cell"])
+        seed = cell.seed
+        if combine_seeds:
+            cell = replace(cell, seed=ALL_SEEDS)
+        cells.setdefault(cell.key, cell)
+        by_cell.setdefault(cell.key, []).append(r)
+        seeds.setdefault(cell.key, set()).add(seed)
+    return cells, by_cell, seeds
 
 
 def pair_rows(
@@ -639,7 +677,7 @@ COLUMNS = [
     ("new tok", lambda r: str(r.new_tokens)),
     ("sec", lambda r: _fmt(r.seconds)),
     ("tok/s", lambda r: _fmt(r.tokens_per_second, "{:.1f}")),
-    ("speedup", lambda r: _fmt(r.speedup, "{:.2f}x")),
+    ("speedup", lambda r: format_speedup(r.speedup, r.speedup_ci)),
     ("τ", lambda r: _fmt(r.tau)),
     ("verif/tok", lambda r: _fmt(r.verifier_calls_per_token, "{:.3f}")),
     ("draft/tok", lambda r: _fmt(r.draft_calls_per_token)),
@@ -652,11 +690,20 @@ COLUMNS = [
 ]
 
 QUALITY_NOTE = (
-    "quality and = AR: mean [95 % interval] (Wilson for a proportion; with seeds pooled, at the "
-    "effective n of prompts × seeds clustered by prompt). Δ quality: paired difference from the "
-    "ar row (else sd, named) on the same prompts and seeds, with its paired-bootstrap 95 % "
-    "interval and the exact McNemar p for 0/1 scores; n: pairs, where fewer than the row's n."
+    "speedup: tok/s over the ar row's [95 % interval: jackknife over prompts of the paired log "
+    "ratio, t quantile]. quality and = AR: mean [95 % interval] (Wilson for a proportion; with "
+    "seeds pooled, at the effective n of prompts × seeds clustered by prompt). Δ quality: paired "
+    "difference from the ar row (else sd, named) on the same prompts and seeds, with its "
+    "paired-bootstrap 95 % interval and the exact McNemar p for 0/1 scores; n: pairs, where "
+    "fewer than the row's n."
 )
+
+
+def format_speedup(value: float | None, ci: dict[str, Any] | None) -> str:
+    """``1.66× [1.55–1.78]`` (no interval where none was measured; ``-`` without a speedup)."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}×" + ("" if ci is None else f" [{ci['low']:.2f}–{ci['high']:.2f}]")
 
 
 def _interval(value: float | None, ci: dict[str, Any] | None, digits: int = 2) -> str:
@@ -704,7 +751,7 @@ def print_table(rows: Sequence[Row], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    shows_intervals = any(r.quality_ci or r.ar_identical_ci for r in rows)
+    shows_intervals = any(r.quality_ci or r.ar_identical_ci or r.speedup_ci for r in rows)
     table = Table(title=title, caption=QUALITY_NOTE if shows_intervals else None)
     for name, _ in TERMINAL_COLUMNS:
         table.add_column(name, justify="left" if name == "runner" else "right")
