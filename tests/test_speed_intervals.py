@@ -183,3 +183,43 @@ def test_failed_prompts_leave_the_pairs_both_sides_have(tmp_path):
     records.append({**record("sd", "p0", 0, 0.0), "error": "boom", "tokens": []})  # supersedes p0
     sd = next(r for r in build_rows(records) if r.method == "sd" and r.seed == 0)
     assert sd.prompts == 3 and sd.speedup_ci["n"] == 3
+
+
+def grid_records() -> list[dict]:
+    """ar, sd, nsd and HF assisted (k=4) on four prompts × two seeds, speeds varying by prompt."""
+    out = []
+    speeds = {"ar": 10.0, "sd": 18.0, "nsd": 25.0, "hf-assisted": 9.0}
+    for seed in (0, 1):
+        for i, tok in enumerate((10, 20, 30, 16)):
+            for method, speed in speeds.items():
+                r = record(method, f"p{i}", tok, tok / (speed * (1 + 0.15 * ((i + seed) % 3))), seed)
+                r["cell"]["params"] = {} if method == "ar" else {"k": 4}
+                out.append(r)
+    return out
+
+
+def test_reports_and_headlines_show_speed_intervals(tmp_path):
+    from relaxspec.eval.report import hf_comparisons, render_report
+    from relaxspec.eval.reproduce import nsd_frontier_headline, nsd_headline
+    from relaxspec.eval.results import MANIFEST, RECORDS, cell_timings
+
+    records = grid_records()
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out / MANIFEST).write_text(json.dumps({"version": 1, "models": {}, "sessions": []}))
+    rows = {r.method: r for r in build_rows(records, combine_seeds=True)}
+    times = cell_timings(records, combine_seeds=True)
+    ci = rows["nsd"].speedup_ci
+    text = render_report([out], tmp_path / "report.md", html=False).read_text()
+    assert f"| {rows['nsd'].speedup:.2f}× [{ci['low']:.2f}–{ci['high']:.2f}] |" in text
+    (hf,) = [c for c in hf_comparisons(list(rows.values()), times) if "assisted" in c["comparison"]]
+    assert hf["ratio"] == pytest.approx(rows["sd"].tokens_per_second / rows["hf-assisted"].tokens_per_second)
+    assert hf["ratio_ci"]["low"] < hf["ratio"] < hf["ratio_ci"]["high"] and hf["ratio_ci"]["clusters"] == 4
+    assert f"| {hf['ratio']:.2f}× [{hf['ratio_ci']['low']:.2f}–{hf['ratio_ci']['high']:.2f}] |" in text
+    assert hf_comparisons(list(rows.values()))[0]["ratio_ci"] is None  # without timings: no interval
+    over_sd = rows["nsd"].tokens_per_second / rows["sd"].tokens_per_second
+    (line,) = nsd_headline(list(rows.values()), times)
+    assert f"{rows['nsd'].speedup:.2f}× [" in line and f", {over_sd:.2f}× [" in line
+    (frontier,) = nsd_frontier_headline(list(rows.values()), times)
+    assert frontier.startswith(f"nsd k=4: {over_sd:.2f}× [")

@@ -301,7 +301,10 @@ def per_prompt(
     return out
 
 
-def timings(records: Iterable[dict[str, Any]]) -> dict[Outcome, tuple[int, float]]:
+Timings = dict[Outcome, tuple[int, float]]  # (new tokens, seconds) per (dataset, example, seed)
+
+
+def timings(records: Iterable[dict[str, Any]]) -> Timings:
     """(new tokens, in-flight seconds) per (dataset, example, seed) of successful ``records``."""
     return {
         (r["cell"]["dataset"], r["example"], int(r["cell"]["seed"])): (len(r["tokens"]), float(r["seconds"]))
@@ -310,9 +313,7 @@ def timings(records: Iterable[dict[str, Any]]) -> dict[Outcome, tuple[int, float
     }
 
 
-def speed_interval(
-    row: dict[Outcome, tuple[int, float]], baseline: dict[Outcome, tuple[int, float]]
-) -> dict[str, Any] | None:
+def speed_interval(row: Timings, baseline: Timings) -> dict[str, Any] | None:
     """95 % interval of a row's speed over its baseline's on their common (dataset, example,
     seed), all seeds of a prompt left out together (:func:`intervals.speed_ratio`); None where
     fewer than two prompts are common or a side timed nothing."""
@@ -495,6 +496,21 @@ def records_by_cell(
         by_cell.setdefault(cell.key, []).append(r)
         seeds.setdefault(cell.key, set()).add(seed)
     return cells, by_cell, seeds
+
+
+def cell_timings(records: Iterable[dict[str, Any]], combine_seeds: bool = False) -> dict[str, Timings]:
+    """:func:`timings` of every cell by key (the keys :func:`build_rows` gives its rows)."""
+    _, by_cell, _ = records_by_cell(records, combine_seeds)
+    return {key: timings(rs) for key, rs in by_cell.items()}
+
+
+def speed_between(x: Row, y: Row, times: dict[str, Timings] | None) -> tuple[float | None, dict | None]:
+    """Speed of row ``x`` over row ``y`` (ratio of their throughputs) and its 95 % interval on
+    their common prompts (:func:`speed_interval`; None without ``times``, the rows' timings)."""
+    ratio = x.tokens_per_second / y.tokens_per_second if y.tokens_per_second else None
+    if ratio is None or times is None or x.key not in times or y.key not in times:
+        return ratio, None
+    return ratio, speed_interval(times[x.key], times[y.key])
 
 
 def pair_rows(
