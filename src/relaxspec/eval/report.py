@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaxspec import atomic
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.results import (
     ALL_SEEDS,
@@ -675,9 +676,9 @@ def render_report(
         times = cell_timings(records, combine_seeds=True)
         parts.append(section(pooled, per_seed, plots, Path(plots.name), _slug(name.split(":")[0]), times))
     text = "\n".join(parts)
-    out.write_text(text)
+    atomic.write_text(out, text)
     if html:
-        out.with_suffix(".html").write_text(to_html(text, title))
+        atomic.write_text(out.with_suffix(".html"), to_html(text, title))
     return out
 
 

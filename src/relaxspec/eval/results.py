@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from relaxspec import atomic
 from relaxspec.engine import GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import diagnostics, intervals
@@ -574,6 +575,7 @@ class ResultsStore:
             raise RelaxSpecError(f"cannot write results to {self.out}: {err.strerror or err}") from None
         self.records = load_records(self.out) if (self.out / RECORDS).exists() else []
         self.manifest = load_manifest(self.out)
+        check_sessions(self.out, self.records, self.manifest)
 
     def check_models(self, fingerprints: dict[str, dict[str, str]]) -> None:
         """Resuming with different models would mix incomparable numbers: refuse."""
@@ -600,7 +602,7 @@ class ResultsStore:
         return session
 
     def save_manifest(self) -> None:
-        (self.out / MANIFEST).write_text(json.dumps(self.manifest, indent=1))
+        atomic.write_json(self.out / MANIFEST, self.manifest)
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -642,6 +644,23 @@ def load_records(out: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def check_sessions(out: Path, records: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> None:
+    """Records the manifest does not account for cannot be resumed: without their session the
+    models they were measured with are unknown, and a resume would mix them with this run's."""
+    if records and not (out / MANIFEST).exists():
+        raise RelaxSpecError(
+            f"{out} holds {len(records)} benchmark records but no {MANIFEST} (the models they were "
+            "measured with are unknown): restore it, or use a new --out directory"
+        )
+    known = {s.get("id") for s in manifest["sessions"]}
+    orphans = sorted({r["session"] for r in records if r.get("session") and r["session"] not in known})
+    if orphans:
+        raise RelaxSpecError(
+            f"{out}: records of session {', '.join(orphans)} that {MANIFEST} does not list (a manifest "
+            "from elsewhere?): restore the right one, or use a new --out directory"
+        )
+
+
 def load_manifest(out: str | Path) -> dict[str, Any]:
     path = Path(out) / MANIFEST
     if not path.exists():
@@ -650,8 +669,11 @@ def load_manifest(out: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         assert manifest["version"] == FORMAT_VERSION
         assert isinstance(manifest["models"], dict) and isinstance(manifest["sessions"], list)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise RelaxSpecError(f"corrupted results manifest {path}; use a new --out directory") from None
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise RelaxSpecError(
+            f"corrupted results manifest {path} (not the JSON manifest a bench writes): restore it, or "
+            "use a new --out directory"
+        ) from None
     return manifest
 
 
@@ -809,15 +831,13 @@ def flat_row(r: Row) -> dict[str, Any]:
 
 
 def write_outputs(out: Path, rows: Sequence[Row], manifest: dict[str, Any]) -> None:
-    """``results.json`` (manifest + rows), ``results.csv`` and ``results.md``."""
-    (out / "results.json").write_text(
-        json.dumps({"manifest": manifest, "rows": [asdict(r) for r in rows]}, indent=1)
-    )
+    """``results.json`` (manifest + rows), ``results.csv`` and ``results.md``, each written whole."""
+    atomic.write_json(out / "results.json", {"manifest": manifest, "rows": [asdict(r) for r in rows]})
     flat = [flat_row(r) for r in rows]
     names = list(dict.fromkeys(k for f in flat for k in f))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=names)
     writer.writeheader()
     writer.writerows(flat)
-    (out / "results.csv").write_text(buf.getvalue())
-    (out / "results.md").write_text(markdown_table(rows))
+    atomic.write_text(out / "results.csv", buf.getvalue())
+    atomic.write_text(out / "results.md", markdown_table(rows))
