@@ -136,3 +136,23 @@ def test_model_card_records_are_written_whole_and_read_with_a_clear_error(tmp_pa
     (tmp_path / "training.json").write_text('{"metrics": {"math_acc')
     with pytest.raises(RelaxSpecError, match="corrupted training record"):
         record_metrics(tmp_path, {"math_accuracy": 0.9})
+
+
+def test_a_record_torn_by_a_kill_is_dropped_at_resume_and_appends_go_on(tmp_path, capsys):
+    """records.jsonl is appended, not replaced: a kill can leave half a last line. The report
+    skips it, a resume cuts it off (with a note) so the next record starts on a line of its own."""
+    from relaxspec.eval.results import load_records
+
+    whole = json.dumps(_record(None)) + "\n"
+    (tmp_path / MANIFEST).write_text('{"version": 1, "models": {}, "sessions": []}')
+    (tmp_path / RECORDS).write_text(whole + whole + whole[:25])
+    assert len(load_records(tmp_path)) == 2  # e.g. `relaxspec report` while a bench appends
+    store = ResultsStore(tmp_path)
+    assert len(store.records) == 2 and "dropped an incomplete last record" in capsys.readouterr().err
+    store.append(_record(None))
+    assert (tmp_path / RECORDS).read_text() == whole * 3 and len(load_records(tmp_path)) == 3
+    (tmp_path / RECORDS).write_text(whole + whole.strip())  # a whole last record without newline
+    assert len(ResultsStore(tmp_path).records) == 2 and (tmp_path / RECORDS).read_text() == whole * 2
+    (tmp_path / RECORDS).write_text(whole[:25] + "\n" + whole)  # torn in the middle: an error
+    with pytest.raises(RelaxSpecError, match=r"corrupted results file .*line 1"):
+        ResultsStore(tmp_path)

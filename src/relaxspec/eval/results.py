@@ -4,7 +4,9 @@ A results directory holds ``manifest.json`` (models with fingerprints, one entry
 its command line and environment) and ``records.jsonl`` (one JSON object per line, appended and
 fsync'ed as soon as a generation is done): ``record`` lines — one cell on one prompt: tokens, text,
 seconds, the engine's stats, quality, diagnostics counters or an error — and ``reference`` lines —
-greedy AR tokens for agreement when the grid samples.
+greedy AR tokens for agreement when the grid samples. The manifest and the tables are replaced
+whole (:mod:`relaxspec.atomic`); a record torn by a kill is the last line, cut off at resume; a
+resume refuses records the manifest does not account for (their models would be unknown).
 
 Rows are always recomputed from the records (:func:`build_rows`), by the benchmark and the report
 alike: throughput is total new tokens / total in-flight seconds of a cell, speedup is relative to
@@ -16,6 +18,7 @@ prompts and seeds (:mod:`relaxspec.eval.intervals`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -576,6 +579,7 @@ class ResultsStore:
         self.records = load_records(self.out) if (self.out / RECORDS).exists() else []
         self.manifest = load_manifest(self.out)
         check_sessions(self.out, self.records, self.manifest)
+        trim_torn_tail(self.out / RECORDS)  # appends start on a line of their own
 
     def check_models(self, fingerprints: dict[str, dict[str, str]]) -> None:
         """Resuming with different models would mix incomparable numbers: refuse."""
@@ -616,32 +620,67 @@ class ResultsStore:
         return {k for k, r in latest_records(self.records).items() if r.get("error") is None}
 
 
+def parse_record(line: str) -> dict[str, Any]:
+    """One line of ``records.jsonl`` as a record; ValueError if it is not one."""
+    try:
+        r = json.loads(line)
+        if r.get("type") == "record":
+            Cell.from_dict(r["cell"])
+            assert isinstance(r["example"], str) and isinstance(r["tokens"], list)
+            assert isinstance(r["seconds"], int | float)
+        elif r.get("type") == "reference":
+            assert isinstance(r["tokens"], list) and isinstance(r["example"], str)
+        else:
+            raise ValueError(r.get("type"))
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        raise ValueError("not a benchmark record") from None
+    return r
+
+
 def load_records(out: str | Path) -> list[dict[str, Any]]:
-    """Every record of ``<out>/records.jsonl``; a malformed line is one clear error."""
+    """Every record of ``<out>/records.jsonl``; a malformed line is one clear error.
+
+    A last line without its newline that is not a whole record is an append still in flight (or
+    killed midway): it is skipped here, and :func:`trim_torn_tail` drops it before a resume.
+    """
     path = Path(out) / RECORDS
     if not path.is_file():
         raise RelaxSpecError(f"no benchmark results in {out} (missing {RECORDS})")
+    *lines, tail = path.read_text(encoding="utf-8").split("\n")
     records = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            r = json.loads(line)
-            if r.get("type") == "record":
-                Cell.from_dict(r["cell"])
-                assert isinstance(r["example"], str) and isinstance(r["tokens"], list)
-                assert isinstance(r["seconds"], int | float)
-            elif r.get("type") == "reference":
-                assert isinstance(r["tokens"], list) and isinstance(r["example"], str)
-            else:
-                raise ValueError(r.get("type"))
-        except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+            records.append(parse_record(line))
+        except ValueError:
             raise RelaxSpecError(
-                f"corrupted results file {path}, line {lineno}: not a benchmark record (an interrupted "
-                "write?); delete that line to resume, or use a new --out directory"
+                f"corrupted results file {path}, line {lineno}: not a benchmark record; delete that "
+                "line to resume, or use a new --out directory"
             ) from None
-        records.append(r)
+    if tail.strip():
+        with contextlib.suppress(ValueError):  # an append in flight: not a record yet
+            records.append(parse_record(tail))
     return records
+
+
+def trim_torn_tail(path: Path) -> None:
+    """Make ``path`` end in a newline before anything is appended: a last line that is a whole
+    record gets its newline, one that is not (a write killed midway) is cut off, with a note."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    try:
+        parse_record(data[cut:].decode("utf-8"))
+        with path.open("ab") as f:
+            f.write(b"\n")
+    except (ValueError, UnicodeDecodeError):
+        with path.open("r+b") as f:
+            f.truncate(cut)
+        print(f"note: {path}: dropped an incomplete last record (an interrupted write)", file=sys.stderr)
 
 
 def check_sessions(out: Path, records: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> None:
