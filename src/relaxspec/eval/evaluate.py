@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from relaxspec import atomic
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.data.tokens import fixed_windows, load_stream
 from relaxspec.engine.kv import CachedLM
@@ -82,7 +82,7 @@ def write_report(out: str | Path, report: dict) -> None:
     """Write a measurement report as JSON, creating its directory; one clear error if it cannot."""
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=1))
+        atomic.write_json(out, report)
     except OSError as err:
         raise RelaxSpecError(f"cannot write {out}: {err.strerror or err}") from None
 

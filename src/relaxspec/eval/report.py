@@ -25,17 +25,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaxspec import atomic
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.results import (
     ALL_SEEDS,
     COLUMNS,
     QUALITY_NOTE,
     Row,
+    Timings,
     build_rows,
+    cell_timings,
     dataset_name,
+    format_speedup,
     load_manifest,
     load_records,
     markdown_table,
+    speed_between,
 )
 
 FAMILY_STYLE = {  # colour, marker
@@ -104,11 +109,12 @@ def _pooled_key(r: Row) -> str:
 # Ours vs Hugging Face
 
 
-def hf_comparisons(rows: Sequence[Row]) -> list[dict[str, Any]]:
-    """Our ``ar`` vs ``hf-generate`` and our ``sd`` vs ``hf-assisted`` at the same k (pooled rows)."""
+def hf_comparisons(rows: Sequence[Row], times: dict[str, Timings] | None = None) -> list[dict[str, Any]]:
+    """Our ``ar`` vs ``hf-generate`` and our ``sd`` vs ``hf-assisted`` at the same k (pooled rows);
+    with the rows' ``times`` (:func:`cell_timings`) each ratio gets its 95 % interval."""
     ok = [r for r in rows if r.prompts]
     out = [
-        _comparison("our ar vs HF generate()", ar, hf, None)
+        _comparison("our ar vs HF generate()", ar, hf, None, times)
         for ar in ok
         if ar.method == "ar"
         for hf in ok
@@ -117,17 +123,21 @@ def hf_comparisons(rows: Sequence[Row]) -> list[dict[str, Any]]:
     for sd in sorted((r for r in ok if r.method == "sd"), key=lambda r: r.params["k"]):
         for hf in ok:
             if hf.method == "hf-assisted" and hf.params.get("k") == sd.params["k"]:
-                out.append(_comparison(f"our {sd.label} vs HF assisted ({hf.label})", sd, hf, HF_GOAL))
+                name = f"our {sd.label} vs HF assisted ({hf.label})"
+                out.append(_comparison(name, sd, hf, HF_GOAL, times))
     return list({c["comparison"]: c for c in out}.values())  # one line per pair
 
 
-def _comparison(name: str, ours: Row, theirs: Row, goal: float | None) -> dict[str, Any]:
-    ratio = ours.tokens_per_second / theirs.tokens_per_second if theirs.tokens_per_second else None
+def _comparison(
+    name: str, ours: Row, theirs: Row, goal: float | None, times: dict[str, Timings] | None
+) -> dict[str, Any]:
+    ratio, ci = speed_between(ours, theirs, times)
     return {
         "comparison": name,
         "ours": ours.tokens_per_second,
         "theirs": theirs.tokens_per_second,
         "ratio": ratio,
+        "ratio_ci": ci,
         "goal": goal,
         "met": None if goal is None or ratio is None else ratio >= goal,
     }
@@ -137,7 +147,7 @@ def hf_table(comparisons: Sequence[dict[str, Any]]) -> str:
     lines = ["| comparison | ours tok/s | HF tok/s | ours / HF | goal |", "|---|---:|---:|---:|---|"]
     for c in comparisons:
         goal = "-" if c["goal"] is None else f"≥ {c['goal']:.1f}x: {'met' if c['met'] else 'not met'}"
-        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        ratio = format_speedup(c["ratio"], c.get("ratio_ci"))
         lines.append(f"| {c['comparison']} | {c['ours']:.1f} | {c['theirs']:.1f} | {ratio} | {goal} |")
     return "\n".join(lines) + "\n"
 
@@ -548,8 +558,16 @@ def _group_title(key: tuple[str, float, int, float, int]) -> str:
     return f"{dataset_name(dataset)}, temperature {t:g}{extra}, max {max_new} new tokens"
 
 
-def section(rows: Sequence[Row], per_seed: Sequence[Row], plots: Path, rel: Path, prefix: str) -> str:
-    """Markdown for all groups of one results directory; plots are written under ``plots``."""
+def section(
+    rows: Sequence[Row],
+    per_seed: Sequence[Row],
+    plots: Path,
+    rel: Path,
+    prefix: str,
+    times: dict[str, Timings] | None = None,
+) -> str:
+    """Markdown for all groups of one results directory; plots are written under ``plots``;
+    ``times`` (the pooled rows' :func:`cell_timings`) give the ratios to HF their intervals."""
     ranges = speedup_ranges(per_seed)
     parts = []
     for key, group in groups(rows).items():
@@ -570,7 +588,7 @@ def section(rows: Sequence[Row], per_seed: Sequence[Row], plots: Path, rel: Path
         parts.append(f"### {title}\n\n" + markdown_table(group, cols))
         if any(r.quality_ci or r.ar_identical_ci for r in group):
             parts.append(f"{QUALITY_NOTE}\n")
-        comparisons = hf_comparisons(group)
+        comparisons = hf_comparisons(group, times)
         if comparisons:
             parts.append(
                 "**Ours vs Hugging Face** (same models, prompts and run)\n\n" + hf_table(comparisons)
@@ -655,11 +673,12 @@ def render_report(
         per_seed = build_rows(records)
         pooled = build_rows(records, combine_seeds=True)
         parts.append(f"## {name}\n\n" + provenance(manifest))
-        parts.append(section(pooled, per_seed, plots, Path(plots.name), _slug(name.split(":")[0])))
+        times = cell_timings(records, combine_seeds=True)
+        parts.append(section(pooled, per_seed, plots, Path(plots.name), _slug(name.split(":")[0]), times))
     text = "\n".join(parts)
-    out.write_text(text)
+    atomic.write_text(out, text)
     if html:
-        out.with_suffix(".html").write_text(to_html(text, title))
+        atomic.write_text(out.with_suffix(".html"), to_html(text, title))
     return out
 
 

@@ -28,7 +28,15 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import intervals
 from relaxspec.eval.bench import BenchConfig, parse_sets, run_bench
 from relaxspec.eval.peers import PEERS, is_peer, resolve_runner, runner_needs, runner_params
-from relaxspec.eval.results import Row, build_rows, load_records
+from relaxspec.eval.results import (
+    Row,
+    Timings,
+    build_rows,
+    cell_timings,
+    format_speedup,
+    load_records,
+    speed_between,
+)
 from relaxspec.methods import get_method
 from relaxspec.models import bundled
 
@@ -275,7 +283,12 @@ def _delta(r: Row) -> str:
     return f"; Δ vs {r.paired['baseline']} {intervals.format_paired(p)}"
 
 
-def nsd_headline(rows: Sequence[Row]) -> list[str]:
+def _over(x: Row, y: Row, times: dict[str, Timings] | None) -> str:
+    """Speed of ``x`` over ``y`` with its interval where ``times`` are given: ``1.31× [1.22–1.40]``."""
+    return format_speedup(*speed_between(x, y, times))
+
+
+def nsd_headline(rows: Sequence[Row], times: dict[str, Timings] | None = None) -> list[str]:
     """Best NSD setting vs SD at the same K and vs AR; τ and quality alongside."""
     ar = next(iter(_pick(rows, "ar")), None)
     nsd = sorted(_pick(rows, "nsd"), key=lambda r: r.speedup or 0, reverse=True)
@@ -284,8 +297,8 @@ def nsd_headline(rows: Sequence[Row]) -> list[str]:
     best = nsd[0]
     sd = next(iter(_pick(rows, "sd", k=best.params.get("k"))), None)
     line = (
-        f"best NSD ({best.label}): {best.speedup:.2f}× over AR"
-        + (f", {best.tokens_per_second / sd.tokens_per_second:.2f}× over SD ({sd.label})" if sd else "")
+        f"best NSD ({best.label}): {format_speedup(best.speedup, best.speedup_ci)} over AR"
+        + (f", {_over(best, sd, times)} over SD ({sd.label})" if sd and sd.tokens_per_second else "")
         + f"; τ {best.tau:.2f}"
         + (f" vs SD {sd.tau:.2f}" if sd and sd.tau else "")
         + f"; quality {_q(best)} vs SD {_q(sd)} vs AR {_q(ar)}"
@@ -294,7 +307,7 @@ def nsd_headline(rows: Sequence[Row]) -> list[str]:
     return [line]
 
 
-def rejection_headline(rows: Sequence[Row]) -> list[str]:
+def rejection_headline(rows: Sequence[Row], times: dict[str, Timings] | None = None) -> list[str]:
     """Share of SD-rejected tokens in the nucleus / top 10, from the sd rows' diagnostics."""
     out = []
     for r in _pick(rows, "sd"):
@@ -314,7 +327,7 @@ def rejection_headline(rows: Sequence[Row]) -> list[str]:
     return out
 
 
-def prove_headline(rows: Sequence[Row]) -> list[str]:
+def prove_headline(rows: Sequence[Row], times: dict[str, Timings] | None = None) -> list[str]:
     ar = next(iter(_pick(rows, "ar")), None)
     out = []
     for r in _pick(rows, "prove-lossless"):
@@ -322,17 +335,20 @@ def prove_headline(rows: Sequence[Row]) -> list[str]:
         rate = r.diagnostics.get("prove", {}).get("non_matching_rate")
         own = "-" if rate is None else f"{rate:.2%}"
         out.append(
-            f"{r.label}: {r.speedup:.2f}× over the target's AR; tokens differing from the proposer's own "
+            f"{r.label}: {format_speedup(r.speedup, r.speedup_ci)} over the target's AR; tokens differing "
+            "from the proposer's own "
             f"greedy AR: {own}; quality {_q(r)} vs the target's AR {_q(ar)}"
         )
     for r in sorted(_pick(rows, "prove"), key=lambda r: r.speedup or 0, reverse=True)[:1]:
-        out.append(f"best {r.label}: {r.speedup:.2f}× over AR at quality {_q(r)} vs AR {_q(ar)}{_delta(r)}")
+        speed = format_speedup(r.speedup, r.speedup_ci)
+        out.append(f"best {r.label}: {speed} over AR at quality {_q(r)} vs AR {_q(ar)}{_delta(r)}")
     for r in _pick(rows, "sd"):
-        out.append(f"{r.label} with the same small model: {r.speedup:.2f}× over AR, quality {_q(r)}")
+        speed = format_speedup(r.speedup, r.speedup_ci)
+        out.append(f"{r.label} with the same small model: {speed} over AR, quality {_q(r)}")
     return out
 
 
-def vs_headline(rows: Sequence[Row]) -> list[str]:
+def vs_headline(rows: Sequence[Row], times: dict[str, Timings] | None = None) -> list[str]:
     strict = next(iter(_pick(rows, "sdd", accept="exact")), None)
     if strict is None or not strict.verifier_calls_per_token:
         return []
@@ -343,23 +359,24 @@ def vs_headline(rows: Sequence[Row]) -> list[str]:
         saved = 1 - r.verifier_calls_per_token / strict.verifier_calls_per_token
         out.append(
             f"{r.label}: {saved:+.1%} verifier calls saved vs strict SDD, quality {_q(r)} vs {_q(strict)}, "
-            f"speedup {r.speedup:.2f}× vs {strict.speedup:.2f}×"
+            f"speedup {format_speedup(r.speedup, r.speedup_ci)} vs "
+            f"{format_speedup(strict.speedup, strict.speedup_ci)}"
         )
     return out
 
 
-def hf_headline(rows: Sequence[Row]) -> list[str]:
+def hf_headline(rows: Sequence[Row], times: dict[str, Timings] | None = None) -> list[str]:
     from relaxspec.eval.report import hf_comparisons
 
     return [
-        f"{c['comparison']}: {c['ratio']:.2f}×"
+        f"{c['comparison']}: {format_speedup(c['ratio'], c['ratio_ci'])}"
         + (f" (goal ≥ {c['goal']:.1f}×: {'met' if c['met'] else 'not met'})" if c["goal"] else "")
-        for c in hf_comparisons(rows)
+        for c in hf_comparisons(rows, times)
         if c["ratio"] is not None
     ]
 
 
-def nsd_frontier_headline(rows: Sequence[Row]) -> list[str]:
+def nsd_frontier_headline(rows: Sequence[Row], times: dict[str, Timings] | None = None) -> list[str]:
     """Each NSD setting against SD at the same K: speed ratio and quality (the θ frontier)."""
     out = []
     for r in sorted(_pick(rows, "nsd"), key=lambda r: (r.params.get("k") or 0, r.params.get("theta") or 0)):
@@ -367,12 +384,13 @@ def nsd_frontier_headline(rows: Sequence[Row]) -> list[str]:
         if sd is None or not sd.tokens_per_second:
             continue
         out.append(
-            f"{r.label}: {r.tokens_per_second / sd.tokens_per_second:.2f}× SD, "
+            f"{r.label}: {_over(r, sd, times)} SD, "
             f"τ {r.tau:.2f} vs {sd.tau:.2f}; quality {_q(r)} vs SD {_q(sd)}" + _delta(r)
         )
     return out
 
 
+# Each takes one group's pooled rows and their cell_timings (speed ratios between rows get intervals)
 HEADLINES = {
     "nsd-greedy": (nsd_headline, rejection_headline, hf_headline),
     "nsd-sampling": (nsd_headline, rejection_headline, hf_headline),
@@ -387,10 +405,12 @@ def headlines(exp: Experiment, records_dir: Path) -> list[str]:
     """Headline bullets of one finished experiment (per dataset / temperature group)."""
     from relaxspec.eval.report import groups
 
-    rows = build_rows(load_records(records_dir), combine_seeds=True)
+    records = load_records(records_dir)
+    rows = build_rows(records, combine_seeds=True)
+    times = cell_timings(records, combine_seeds=True)
     out = []
     for key, group in groups(rows).items():
-        lines = [line for fn in HEADLINES.get(exp.name, ()) for line in fn(group)]
+        lines = [line for fn in HEADLINES.get(exp.name, ()) for line in fn(group, times)]
         out += [f"- {key[0]}, T={key[1]:g}: {line}" for line in lines]
     return out
 
@@ -455,7 +475,11 @@ QUALITY_REPORTING = (
     "McNemar test on the discordant pairs (0/1 scores), n the number of pairs. A Δ interval that "
     "contains 0 means no measured difference, not equal quality. On n = 20–30 prompts an interval "
     "spans about ±0.1–0.2 (±0.03–0.07 at n = 200): headline quality claims rest on n ≥ 200 prompts "
-    "(or prompts × seeds).\n"
+    "(or prompts × seeds). Every speed ratio (over AR, over SD, over HF) is shown as `ratio× "
+    "[95 % interval]`: the ratio of total tokens over total seconds of the two rows on the same "
+    "prompts, its interval a delete-a-prompt jackknife of the log ratio (a prompt's timings under "
+    "both rows, all its seeds, left out together); it covers prompt-to-prompt variation, not "
+    "drift between separate runs.\n"
 )
 
 

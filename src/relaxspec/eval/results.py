@@ -4,17 +4,21 @@ A results directory holds ``manifest.json`` (models with fingerprints, one entry
 its command line and environment) and ``records.jsonl`` (one JSON object per line, appended and
 fsync'ed as soon as a generation is done): ``record`` lines — one cell on one prompt: tokens, text,
 seconds, the engine's stats, quality, diagnostics counters or an error — and ``reference`` lines —
-greedy AR tokens for agreement when the grid samples.
+greedy AR tokens for agreement when the grid samples. The manifest and the tables are replaced
+whole (:mod:`relaxspec.atomic`); a record torn by a kill is the last line, cut off at resume; a
+resume refuses records the manifest does not account for (their models would be unknown).
 
 Rows are always recomputed from the records (:func:`build_rows`), by the benchmark and the report
 alike: throughput is total new tokens / total in-flight seconds of a cell, speedup is relative to
 the ``ar`` cell of the same dataset, seed and sampling settings. Every quality figure (task
-quality, agreement with greedy AR) carries its n and 95 % interval, and every row a paired
-comparison with its baseline row on the same prompts and seeds (:mod:`relaxspec.eval.intervals`).
+quality, agreement with greedy AR) carries its n and 95 % interval, every speedup its 95 %
+interval over prompts, and every row a paired comparison with its baseline row on the same
+prompts and seeds (:mod:`relaxspec.eval.intervals`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -30,6 +34,7 @@ from typing import Any
 
 import torch
 
+from relaxspec import atomic
 from relaxspec.engine import GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import diagnostics, intervals
@@ -170,6 +175,8 @@ class Row:
     seconds: float = 0.0
     tokens_per_second: float = 0.0
     speedup: float | None = None
+    # its 95 % interval (intervals.speed_ratio: jackknife over prompts of the paired log ratio)
+    speedup_ci: dict[str, Any] | None = None
     tau: float | None = None
     verifier_calls_per_token: float | None = None
     draft_calls_per_token: float | None = None
@@ -298,6 +305,31 @@ def per_prompt(
     return out
 
 
+Timings = dict[Outcome, tuple[int, float]]  # (new tokens, seconds) per (dataset, example, seed)
+
+
+def timings(records: Iterable[dict[str, Any]]) -> Timings:
+    """(new tokens, in-flight seconds) per (dataset, example, seed) of successful ``records``."""
+    return {
+        (r["cell"]["dataset"], r["example"], int(r["cell"]["seed"])): (len(r["tokens"]), float(r["seconds"]))
+        for r in records
+        if r.get("error") is None
+    }
+
+
+def speed_interval(row: Timings, baseline: Timings) -> dict[str, Any] | None:
+    """95 % interval of a row's speed over its baseline's on their common (dataset, example,
+    seed), all seeds of a prompt left out together (:func:`intervals.speed_ratio`); None where
+    fewer than two prompts are common or a side timed nothing."""
+    keys, x, y = intervals.pair_by_key(row, baseline)
+    if not keys or min(sum(t[i] for t in side) for side in (x, y) for i in (0, 1)) <= 0:
+        return None
+    tok_x, sec_x = zip(*x, strict=True)
+    tok_y, sec_y = zip(*y, strict=True)
+    iv = intervals.speed_ratio(tok_x, sec_x, tok_y, sec_y, _clusters(keys))
+    return None if iv is None else iv.to_dict()
+
+
 def _clusters(keys: Iterable[Outcome]) -> list[tuple[str, str]]:
     """The prompt of each outcome: all seeds of one prompt are resampled together."""
     return [(dataset, example) for dataset, example, _ in keys]
@@ -421,18 +453,7 @@ def build_rows(
     ``combine_seeds`` pools the records of all seeds of a cell into one row (seed ``ALL_SEEDS``):
     total tokens over total seconds again, never a mean of per-seed rates.
     """
-    latest = latest_records(records)
-    cells: dict[str, Cell] = {}
-    by_cell: dict[str, list[dict[str, Any]]] = {}
-    seeds: dict[str, set[int]] = {}
-    for r in latest.values():
-        cell = Cell.from_dict(r["cell"])
-        seed = cell.seed
-        if combine_seeds:
-            cell = replace(cell, seed=ALL_SEEDS)
-        cells.setdefault(cell.key, cell)
-        by_cell.setdefault(cell.key, []).append(r)
-        seeds.setdefault(cell.key, set()).add(seed)
+    cells, by_cell, seeds = records_by_cell(records, combine_seeds)
     refs = references(records)
     keys = [k for k in (order or []) if k in cells] + [k for k in cells if k not in set(order or [])]
 
@@ -448,15 +469,52 @@ def build_rows(
     def group(r: Row) -> tuple:
         return (r.dataset, r.seed, r.temperature, r.top_k, r.top_p, r.max_new_tokens)
 
-    base: dict[tuple, float] = {}
+    base: dict[tuple, Row] = {}
     for r in rows:
         if is_baseline(r, baseline):
-            base.setdefault(group(r), r.tokens_per_second)
+            base.setdefault(group(r), r)
     for r in rows:
-        if r.prompts:
-            r.speedup = speedup(r.tokens_per_second, base.get(group(r)))
+        b = base.get(group(r))
+        if r.prompts and b is not None:
+            r.speedup = speedup(r.tokens_per_second, b.tokens_per_second)
+            if b.key != r.key and r.speedup is not None:
+                r.speedup_ci = speed_interval(timings(by_cell[r.key]), timings(by_cell[b.key]))
     pair_rows(rows, {k: per_prompt(by_cell[k], ref(k)) for k in keys}, cells, baseline)
     return rows
+
+
+def records_by_cell(
+    records: Iterable[dict[str, Any]], combine_seeds: bool = False
+) -> tuple[dict[str, Cell], dict[str, list[dict[str, Any]]], dict[str, set[int]]]:
+    """(cells, latest records, seeds) by cell key; ``combine_seeds``: one pooled cell (seed
+    ``ALL_SEEDS``) for all seeds of a runner."""
+    cells: dict[str, Cell] = {}
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    seeds: dict[str, set[int]] = {}
+    for r in latest_records(records).values():
+        cell = Cell.from_dict(r["cell"])
+        seed = cell.seed
+        if combine_seeds:
+            cell = replace(cell, seed=ALL_SEEDS)
+        cells.setdefault(cell.key, cell)
+        by_cell.setdefault(cell.key, []).append(r)
+        seeds.setdefault(cell.key, set()).add(seed)
+    return cells, by_cell, seeds
+
+
+def cell_timings(records: Iterable[dict[str, Any]], combine_seeds: bool = False) -> dict[str, Timings]:
+    """:func:`timings` of every cell by key (the keys :func:`build_rows` gives its rows)."""
+    _, by_cell, _ = records_by_cell(records, combine_seeds)
+    return {key: timings(rs) for key, rs in by_cell.items()}
+
+
+def speed_between(x: Row, y: Row, times: dict[str, Timings] | None) -> tuple[float | None, dict | None]:
+    """Speed of row ``x`` over row ``y`` (ratio of their throughputs) and its 95 % interval on
+    their common prompts (:func:`speed_interval`; None without ``times``, the rows' timings)."""
+    ratio = x.tokens_per_second / y.tokens_per_second if y.tokens_per_second else None
+    if ratio is None or times is None or x.key not in times or y.key not in times:
+        return ratio, None
+    return ratio, speed_interval(times[x.key], times[y.key])
 
 
 def pair_rows(
@@ -520,6 +578,8 @@ class ResultsStore:
             raise RelaxSpecError(f"cannot write results to {self.out}: {err.strerror or err}") from None
         self.records = load_records(self.out) if (self.out / RECORDS).exists() else []
         self.manifest = load_manifest(self.out)
+        check_sessions(self.out, self.records, self.manifest)
+        trim_torn_tail(self.out / RECORDS)  # appends start on a line of their own
 
     def check_models(self, fingerprints: dict[str, dict[str, str]]) -> None:
         """Resuming with different models would mix incomparable numbers: refuse."""
@@ -546,7 +606,7 @@ class ResultsStore:
         return session
 
     def save_manifest(self) -> None:
-        (self.out / MANIFEST).write_text(json.dumps(self.manifest, indent=1))
+        atomic.write_json(self.out / MANIFEST, self.manifest)
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -560,32 +620,84 @@ class ResultsStore:
         return {k for k, r in latest_records(self.records).items() if r.get("error") is None}
 
 
+def parse_record(line: str) -> dict[str, Any]:
+    """One line of ``records.jsonl`` as a record; ValueError if it is not one."""
+    try:
+        r = json.loads(line)
+        if r.get("type") == "record":
+            Cell.from_dict(r["cell"])
+            assert isinstance(r["example"], str) and isinstance(r["tokens"], list)
+            assert isinstance(r["seconds"], int | float)
+        elif r.get("type") == "reference":
+            assert isinstance(r["tokens"], list) and isinstance(r["example"], str)
+        else:
+            raise ValueError(r.get("type"))
+    except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        raise ValueError("not a benchmark record") from None
+    return r
+
+
 def load_records(out: str | Path) -> list[dict[str, Any]]:
-    """Every record of ``<out>/records.jsonl``; a malformed line is one clear error."""
+    """Every record of ``<out>/records.jsonl``; a malformed line is one clear error.
+
+    A last line without its newline that is not a whole record is an append still in flight (or
+    killed midway): it is skipped here, and :func:`trim_torn_tail` drops it before a resume.
+    """
     path = Path(out) / RECORDS
     if not path.is_file():
         raise RelaxSpecError(f"no benchmark results in {out} (missing {RECORDS})")
+    *lines, tail = path.read_text(encoding="utf-8").split("\n")
     records = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            r = json.loads(line)
-            if r.get("type") == "record":
-                Cell.from_dict(r["cell"])
-                assert isinstance(r["example"], str) and isinstance(r["tokens"], list)
-                assert isinstance(r["seconds"], int | float)
-            elif r.get("type") == "reference":
-                assert isinstance(r["tokens"], list) and isinstance(r["example"], str)
-            else:
-                raise ValueError(r.get("type"))
-        except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+            records.append(parse_record(line))
+        except ValueError:
             raise RelaxSpecError(
-                f"corrupted results file {path}, line {lineno}: not a benchmark record (an interrupted "
-                "write?); delete that line to resume, or use a new --out directory"
+                f"corrupted results file {path}, line {lineno}: not a benchmark record; delete that "
+                "line to resume, or use a new --out directory"
             ) from None
-        records.append(r)
+    if tail.strip():
+        with contextlib.suppress(ValueError):  # an append in flight: not a record yet
+            records.append(parse_record(tail))
     return records
+
+
+def trim_torn_tail(path: Path) -> None:
+    """Make ``path`` end in a newline before anything is appended: a last line that is a whole
+    record gets its newline, one that is not (a write killed midway) is cut off, with a note."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    try:
+        parse_record(data[cut:].decode("utf-8"))
+        with path.open("ab") as f:
+            f.write(b"\n")
+    except (ValueError, UnicodeDecodeError):
+        with path.open("r+b") as f:
+            f.truncate(cut)
+        print(f"note: {path}: dropped an incomplete last record (an interrupted write)", file=sys.stderr)
+
+
+def check_sessions(out: Path, records: Sequence[dict[str, Any]], manifest: dict[str, Any]) -> None:
+    """Records the manifest does not account for cannot be resumed: without their session the
+    models they were measured with are unknown, and a resume would mix them with this run's."""
+    if records and not (out / MANIFEST).exists():
+        raise RelaxSpecError(
+            f"{out} holds {len(records)} benchmark records but no {MANIFEST} (the models they were "
+            "measured with are unknown): restore it, or use a new --out directory"
+        )
+    known = {s.get("id") for s in manifest["sessions"]}
+    orphans = sorted({r["session"] for r in records if r.get("session") and r["session"] not in known})
+    if orphans:
+        raise RelaxSpecError(
+            f"{out}: records of session {', '.join(orphans)} that {MANIFEST} does not list (a manifest "
+            "from elsewhere?): restore the right one, or use a new --out directory"
+        )
 
 
 def load_manifest(out: str | Path) -> dict[str, Any]:
@@ -596,8 +708,11 @@ def load_manifest(out: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         assert manifest["version"] == FORMAT_VERSION
         assert isinstance(manifest["models"], dict) and isinstance(manifest["sessions"], list)
-    except (ValueError, KeyError, TypeError, AssertionError):
-        raise RelaxSpecError(f"corrupted results manifest {path}; use a new --out directory") from None
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise RelaxSpecError(
+            f"corrupted results manifest {path} (not the JSON manifest a bench writes): restore it, or "
+            "use a new --out directory"
+        ) from None
     return manifest
 
 
@@ -639,7 +754,7 @@ COLUMNS = [
     ("new tok", lambda r: str(r.new_tokens)),
     ("sec", lambda r: _fmt(r.seconds)),
     ("tok/s", lambda r: _fmt(r.tokens_per_second, "{:.1f}")),
-    ("speedup", lambda r: _fmt(r.speedup, "{:.2f}x")),
+    ("speedup", lambda r: format_speedup(r.speedup, r.speedup_ci)),
     ("τ", lambda r: _fmt(r.tau)),
     ("verif/tok", lambda r: _fmt(r.verifier_calls_per_token, "{:.3f}")),
     ("draft/tok", lambda r: _fmt(r.draft_calls_per_token)),
@@ -652,11 +767,20 @@ COLUMNS = [
 ]
 
 QUALITY_NOTE = (
-    "quality and = AR: mean [95 % interval] (Wilson for a proportion; with seeds pooled, at the "
-    "effective n of prompts × seeds clustered by prompt). Δ quality: paired difference from the "
-    "ar row (else sd, named) on the same prompts and seeds, with its paired-bootstrap 95 % "
-    "interval and the exact McNemar p for 0/1 scores; n: pairs, where fewer than the row's n."
+    "speedup: tok/s over the ar row's [95 % interval: jackknife over prompts of the paired log "
+    "ratio, t quantile]. quality and = AR: mean [95 % interval] (Wilson for a proportion; with "
+    "seeds pooled, at the effective n of prompts × seeds clustered by prompt). Δ quality: paired "
+    "difference from the ar row (else sd, named) on the same prompts and seeds, with its "
+    "paired-bootstrap 95 % interval and the exact McNemar p for 0/1 scores; n: pairs, where "
+    "fewer than the row's n."
 )
+
+
+def format_speedup(value: float | None, ci: dict[str, Any] | None) -> str:
+    """``1.66× [1.55–1.78]`` (no interval where none was measured; ``-`` without a speedup)."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}×" + ("" if ci is None else f" [{ci['low']:.2f}–{ci['high']:.2f}]")
 
 
 def _interval(value: float | None, ci: dict[str, Any] | None, digits: int = 2) -> str:
@@ -704,7 +828,7 @@ def print_table(rows: Sequence[Row], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    shows_intervals = any(r.quality_ci or r.ar_identical_ci for r in rows)
+    shows_intervals = any(r.quality_ci or r.ar_identical_ci or r.speedup_ci for r in rows)
     table = Table(title=title, caption=QUALITY_NOTE if shows_intervals else None)
     for name, _ in TERMINAL_COLUMNS:
         table.add_column(name, justify="left" if name == "runner" else "right")
@@ -746,15 +870,13 @@ def flat_row(r: Row) -> dict[str, Any]:
 
 
 def write_outputs(out: Path, rows: Sequence[Row], manifest: dict[str, Any]) -> None:
-    """``results.json`` (manifest + rows), ``results.csv`` and ``results.md``."""
-    (out / "results.json").write_text(
-        json.dumps({"manifest": manifest, "rows": [asdict(r) for r in rows]}, indent=1)
-    )
+    """``results.json`` (manifest + rows), ``results.csv`` and ``results.md``, each written whole."""
+    atomic.write_json(out / "results.json", {"manifest": manifest, "rows": [asdict(r) for r in rows]})
     flat = [flat_row(r) for r in rows]
     names = list(dict.fromkeys(k for f in flat for k in f))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=names)
     writer.writeheader()
     writer.writerows(flat)
-    (out / "results.csv").write_text(buf.getvalue())
-    (out / "results.md").write_text(markdown_table(rows))
+    atomic.write_text(out / "results.csv", buf.getvalue())
+    atomic.write_text(out / "results.md", markdown_table(rows))

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from relaxspec import atomic
 from relaxspec.errors import RelaxSpecError
 
 Section = tuple[str, list[str]]  # (heading, markdown lines)
@@ -78,18 +79,29 @@ def history_lines(history: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def read_record(path: Path) -> dict[str, Any]:
+    """A model directory's ``training.json``; a corrupt one is one clear error."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        record = None
+    if not isinstance(record, dict):
+        raise RelaxSpecError(f"corrupted training record {path} (not a JSON object): restore or delete it")
+    return record
+
+
 def record_metrics(
     model_dir: str | Path, metrics: dict[str, Any] | None = None, commands: list[str] | None = None
 ) -> dict[str, Any]:
     """Merge ``metrics`` (and the ``commands`` that measured them) into ``training.json``."""
     record_path = Path(model_dir) / "training.json"
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    record = read_record(record_path) if record_path.is_file() else {}
     if metrics or commands:
         record["metrics"] = {**record.get("metrics", {}), **(metrics or {})}
         record["metric_commands"] = list(
             dict.fromkeys([*record.get("metric_commands", []), *(commands or [])])
         )
-        record_path.write_text(json.dumps(record, indent=1))
+        atomic.write_json(record_path, record)
     return record
 
 
@@ -132,5 +144,5 @@ def write_card(
     if record.get("history"):
         lines += ["## Held-out loss during training", "", *history_lines(record["history"]), ""]
     out = d / "README.md"
-    out.write_text("\n".join(lines))
+    atomic.write_text(out, "\n".join(lines))
     return out
