@@ -168,16 +168,15 @@ class _Run:
             "max_line": MAX_REPLY,
         }
         memory = self.limits.memory_mb << 20
-        with (
-            open(self.dir / "checker.out", "wb") as out,
-            open(self.dir / "checker.err", "wb") as err,
-        ):
+        # what the tests print stays private: the program's uid (guard-only) cannot read it
+        private = os.open(self.dir / "checker.err", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(private, "wb") as err:
             self.checker = subprocess.Popen(
                 [_python(), "-I", "-S", "-B", "-c", checker_source(), json.dumps(args)],
                 cwd=self.dir,
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 stdin=subprocess.PIPE,
-                stdout=out,
+                stdout=subprocess.DEVNULL,
                 stderr=err,
                 pass_fds=(self.call_w, self.reply_r, self.verdict_w),
                 start_new_session=True,
