@@ -211,24 +211,29 @@ def _scatter_by_family(
     x: Callable[[Row], float | None],
     y: Callable[[Row], float | None],
     ci: Callable[[Row], dict[str, Any] | None] | None = None,
+    xci: Callable[[Row], dict[str, Any] | None] | None = None,
 ) -> None:
     """Colour by family, marker by method; each family's Pareto frontier drawn and labelled;
-    ``ci`` draws each point's 95 % interval as a vertical bar."""
+    ``ci`` draws each point's 95 % interval as a vertical bar, ``xci`` as a horizontal one."""
     pts = [(r, x(r), y(r)) for r in rows if x(r) is not None and y(r) is not None]
     methods = list(dict.fromkeys(r.method for r, _, _ in pts))
     for method in methods:
         mine = [(r, xv, yv) for r, xv, yv in pts if r.method == method]
         color = FAMILY_STYLE.get(mine[0][0].family, ("tab:red", "v"))[0]
         marker = MARKERS[methods.index(method) % len(MARKERS)]
-        bars = [(xv, yv, ci(r)) for r, xv, yv in mine if ci is not None and ci(r) is not None]
-        if bars:
+        for interval, vertical in ((ci, True), (xci, False)):
+            bars = [(xv, yv, interval(r)) for r, xv, yv in mine if interval is not None and interval(r)]
+            if not bars:
+                continue
+            value = [b[1] if vertical else b[0] for b in bars]
+            err = [
+                [max(0.0, v - b[2]["low"]) for v, b in zip(value, bars, strict=True)],
+                [max(0.0, b[2]["high"] - v) for v, b in zip(value, bars, strict=True)],
+            ]
             ax.errorbar(
                 [b[0] for b in bars],
                 [b[1] for b in bars],
-                yerr=[
-                    [max(0.0, b[1] - b[2]["low"]) for b in bars],
-                    [max(0.0, b[2]["high"] - b[1]) for b in bars],
-                ],
+                **({"yerr": err} if vertical else {"xerr": err}),
                 fmt="none",
                 ecolor=color,
                 elinewidth=0.8,
@@ -263,10 +268,10 @@ def plot_frontier(rows: Sequence[Row], path: Path, title: str) -> Path | None:
     y, name, ci = axis
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    _scatter_by_family(ax, rows, lambda r: r.speedup, y, ci)
+    _scatter_by_family(ax, rows, lambda r: r.speedup, y, ci, lambda r: r.speedup_ci)
     ax.axvline(1.0, color="black", lw=0.5, ls=":")
     ax.set(
-        xlabel="speedup vs our AR (same run)",
+        xlabel="speedup vs our AR (same run; bars: 95 % interval)",
         ylabel=f"{name} (bars: 95 % interval)",
         title=f"speed–quality · {title}",
     )
