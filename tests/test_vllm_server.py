@@ -303,10 +303,59 @@ def test_serve_module_passes_our_proposers_options(monkeypatch):
 
 
 def test_zz_sigterm_leaves_nothing(spawned):
-    """Last in this file: stops the module's server (SIGTERM, as systemd or Ctrl-C would)."""
+    """The last test that uses the module's server: stops it (SIGTERM, as systemd would)."""
     children = descendants(spawned.process.pid)
     tmp = spawned.log_path.parent  # the server's TMPDIR
     assert len(list(tmp.glob(f"{STATS_PREFIX}*"))) == 1
     spawned.process.send_signal(signal.SIGTERM)
     assert spawned.process.wait(timeout=120) is not None
     assert_nothing_left(children, tmp, "SIGTERM")
+
+
+def test_serve_wires_the_guard_and_removes_its_stats_dir_on_exception(tmp_path, monkeypatch):
+    """serve() without starting vLLM: the key from VLLM_API_KEY goes to our guard (and out of the
+    environment vLLM's processes inherit), the flags reach vLLM's command line, and the stats
+    directory is gone after vLLM's server raises."""
+    import tempfile
+
+    from prometheus_client import REGISTRY
+
+    from relaxspec.integrations import vllm as plugin
+    from relaxspec.integrations.vllm import guard
+    from relaxspec.integrations.vllm import serve as serve_module
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    for name in (
+        "RELAXSPEC_VLLM_RULE",
+        "RELAXSPEC_VLLM_STATS_DIR",
+        "VLLM_LOGGING_LEVEL",
+        "VLLM_CPU_KVCACHE_SPACE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+
+    def fake_server(argv, method):
+        seen.update(
+            argv=argv, stats=list(tmp_path.glob(f"{STATS_PREFIX}*")), env_key=os.environ.get("VLLM_API_KEY")
+        )
+        raise RuntimeError("vLLM failed to start")
+
+    monkeypatch.setattr(serve_module, "_run_vllm_server", fake_server)
+    was_registered, collectors = plugin.is_registered(), set(REGISTRY._collector_to_names)
+    try:
+        with pytest.raises(RuntimeError, match="failed to start"):
+            serve_module.serve("nsd", {"theta": 0.9}, max_tokens_cap=32, log_level="error", max_model_len=256)
+    finally:
+        for collector in set(REGISTRY._collector_to_names) - collectors:
+            REGISTRY.unregister(collector)
+        if not was_registered:
+            plugin.unregister()
+    assert guard._config == guard.GuardConfig(api_key=KEY, max_tokens_cap=32)
+    assert seen["env_key"] is None and len(seen["stats"]) == 1
+    assert not list(tmp_path.glob(f"{STATS_PREFIX}*"))
+    argv = seen["argv"]
+    assert "--api-key" not in argv and argv[argv.index("--middleware") + 1] == guard.MIDDLEWARE
+    assert (
+        argv[argv.index("--uvicorn-log-level") + 1] == "error" and os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    )

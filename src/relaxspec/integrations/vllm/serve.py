@@ -267,7 +267,8 @@ def serve(
     plugin.require_vllm()
     # Ours is the one key check, on every route; vLLM's would only repeat it on /v1 (and its
     # children need not hold the key).
-    api_key = api_key or os.environ.pop("VLLM_API_KEY", None) or None
+    from_env = os.environ.pop("VLLM_API_KEY", None)
+    api_key = api_key or from_env or None
     door = guard.GuardConfig(api_key, max_body_bytes, max_tokens_cap, default_max_tokens)
     limits = serving_args(max_concurrency=max_concurrency, max_tokens_cap=max_tokens_cap, log_level=log_level)
     if log_level is not None:  # before vLLM's logger is set up, and for every process it starts
