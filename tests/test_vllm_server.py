@@ -34,12 +34,12 @@ LIMITS = ["--max-body-bytes", "4096", "--max-tokens-cap", "64", "--default-max-t
           "--max-concurrency", "4", "--log-level", "warning"]  # fmt: skip
 
 
-def spawn(tmp: Path, args: list[str]) -> SpawnedServer:
-    """``python -m relaxspec.integrations.vllm.serve --method nsd ARGS`` with the key in its
-    environment and ``tmp`` as its temporary directory; up and answering ``/health``."""
+def spawn(tmp: Path, args: list[str], method: str = "nsd") -> SpawnedServer:
+    """``python -m relaxspec.integrations.vllm.serve --method METHOD ARGS`` (``vllm-sd``: stock) with
+    the key in its environment and ``tmp`` as its temporary directory; up and answering ``/health``."""
     config = LoadtestConfig(concurrency=[1], spawn_args=args, api_key=KEY, engine="vllm")
     with mock.patch.dict(os.environ, {"TMPDIR": str(tmp)}):
-        server = SpawnedServer("nsd", config, tmp)
+        server = SpawnedServer(method, config, tmp)
     try:
         server.wait_ready(600)
     except BaseException:
@@ -224,12 +224,13 @@ def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) ->
                 p.kill()
 
 
-def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path):
-    server = spawn(tmp_path, ["--theta", "0.9", "--k", "4", "--max-model-len", "256"])
+@pytest.mark.parametrize("method", ["nsd", "vllm-sd"])  # with the plugin, and stock vLLM
+def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path, method):
+    server = spawn(tmp_path, ["--k", "4", "--max-model-len", "256"], method)
     try:
         children = descendants(server.process.pid)
         assert any("EngineCore" in " ".join([*p.cmdline(), p.name()]) for p in children), children
-        assert len(list(tmp_path.glob(f"{STATS_PREFIX}*"))) == 1
+        assert len(list(tmp_path.glob(f"{STATS_PREFIX}*"))) == (method == "nsd")
         server.process.send_signal(signal.SIGKILL)
         server.process.wait()
         assert_nothing_left(children, tmp_path, "kill -9")

@@ -278,12 +278,13 @@ def serve(
     argv, rule = vllm_args(method, dict(params or {}), stock=stock, extra=extra, **kwargs)
     guard.configure(door)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    plugin.die_with_parent()  # vLLM's engine core (forked from here) dies with this process
+    plugin.die_with_parent()  # what this process forks dies with it (what it spawns: register())
     with contextlib.ExitStack() as stack:
         if stock:
             from relaxspec.integrations.vllm.offline import other_plugins
 
-            os.environ["VLLM_PLUGINS"] = ",".join(other_plugins()) or "none"
+            # our plugin without its hooks: only the lifeline in the processes vLLM spawns
+            os.environ["VLLM_PLUGINS"] = ",".join([*other_plugins(), plugin.PLUGIN_NAME])
             os.environ[plugin.ENV_DISABLE] = "1"
         else:
             if rule is not None:
