@@ -34,12 +34,12 @@ LIMITS = ["--max-body-bytes", "4096", "--max-tokens-cap", "64", "--default-max-t
           "--max-concurrency", "4", "--log-level", "warning"]  # fmt: skip
 
 
-def spawn(tmp: Path, args: list[str]) -> SpawnedServer:
-    """``python -m relaxspec.integrations.vllm.serve --method nsd ARGS`` with the key in its
-    environment and ``tmp`` as its temporary directory; up and answering ``/health``."""
+def spawn(tmp: Path, args: list[str], method: str = "nsd") -> SpawnedServer:
+    """``python -m relaxspec.integrations.vllm.serve --method METHOD ARGS`` (``vllm-sd``: stock) with
+    the key in its environment and ``tmp`` as its temporary directory; up and answering ``/health``."""
     config = LoadtestConfig(concurrency=[1], spawn_args=args, api_key=KEY, engine="vllm")
     with mock.patch.dict(os.environ, {"TMPDIR": str(tmp)}):
-        server = SpawnedServer("nsd", config, tmp)
+        server = SpawnedServer(method, config, tmp)
     try:
         server.wait_ready(600)
     except BaseException:
@@ -224,12 +224,13 @@ def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) ->
                 p.kill()
 
 
-def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path):
-    server = spawn(tmp_path, ["--theta", "0.9", "--k", "4", "--max-model-len", "256"])
+@pytest.mark.parametrize("method", ["nsd", "vllm-sd"])  # with the plugin, and stock vLLM
+def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path, method):
+    server = spawn(tmp_path, ["--k", "4", "--max-model-len", "256"], method)
     try:
         children = descendants(server.process.pid)
         assert any("EngineCore" in " ".join([*p.cmdline(), p.name()]) for p in children), children
-        assert len(list(tmp_path.glob(f"{STATS_PREFIX}*"))) == 1
+        assert len(list(tmp_path.glob(f"{STATS_PREFIX}*"))) == (method == "nsd")
         server.process.send_signal(signal.SIGKILL)
         server.process.wait()
         assert_nothing_left(children, tmp_path, "kill -9")
@@ -303,10 +304,59 @@ def test_serve_module_passes_our_proposers_options(monkeypatch):
 
 
 def test_zz_sigterm_leaves_nothing(spawned):
-    """Last in this file: stops the module's server (SIGTERM, as systemd or Ctrl-C would)."""
+    """The last test that uses the module's server: stops it (SIGTERM, as systemd would)."""
     children = descendants(spawned.process.pid)
     tmp = spawned.log_path.parent  # the server's TMPDIR
     assert len(list(tmp.glob(f"{STATS_PREFIX}*"))) == 1
     spawned.process.send_signal(signal.SIGTERM)
     assert spawned.process.wait(timeout=120) is not None
     assert_nothing_left(children, tmp, "SIGTERM")
+
+
+def test_serve_wires_the_guard_and_removes_its_stats_dir_on_exception(tmp_path, monkeypatch):
+    """serve() without starting vLLM: the key from VLLM_API_KEY goes to our guard (and out of the
+    environment vLLM's processes inherit), the flags reach vLLM's command line, and the stats
+    directory is gone after vLLM's server raises."""
+    import tempfile
+
+    from prometheus_client import REGISTRY
+
+    from relaxspec.integrations import vllm as plugin
+    from relaxspec.integrations.vllm import guard
+    from relaxspec.integrations.vllm import serve as serve_module
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    for name in (
+        "RELAXSPEC_VLLM_RULE",
+        "RELAXSPEC_VLLM_STATS_DIR",
+        "VLLM_LOGGING_LEVEL",
+        "VLLM_CPU_KVCACHE_SPACE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+
+    def fake_server(argv, method):
+        seen.update(
+            argv=argv, stats=list(tmp_path.glob(f"{STATS_PREFIX}*")), env_key=os.environ.get("VLLM_API_KEY")
+        )
+        raise RuntimeError("vLLM failed to start")
+
+    monkeypatch.setattr(serve_module, "_run_vllm_server", fake_server)
+    was_registered, collectors = plugin.is_registered(), set(REGISTRY._collector_to_names)
+    try:
+        with pytest.raises(RuntimeError, match="failed to start"):
+            serve_module.serve("nsd", {"theta": 0.9}, max_tokens_cap=32, log_level="error", max_model_len=256)
+    finally:
+        for collector in set(REGISTRY._collector_to_names) - collectors:
+            REGISTRY.unregister(collector)
+        if not was_registered:
+            plugin.unregister()
+    assert guard._config == guard.GuardConfig(api_key=KEY, max_tokens_cap=32)
+    assert seen["env_key"] is None and len(seen["stats"]) == 1
+    assert not list(tmp_path.glob(f"{STATS_PREFIX}*"))
+    argv = seen["argv"]
+    assert "--api-key" not in argv and argv[argv.index("--middleware") + 1] == guard.MIDDLEWARE
+    assert (
+        argv[argv.index("--uvicorn-log-level") + 1] == "error" and os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    )

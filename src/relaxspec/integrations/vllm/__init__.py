@@ -19,8 +19,9 @@ engine core, workers — so the hooks below are in place wherever its sampler ru
   runner before each ``propose``, its ``q`` goes to the acceptance step, and its per-request state
   is freed when the request finishes (``relaxspec_proposer_state`` over ``collective_rpc``).
 
-Every process that registers also dies with its parent (:func:`die_with_parent`): a ``kill -9``
-of ``relaxspec serve --engine vllm`` takes vLLM's engine core and workers with it.
+Every process that loads the plugin also dies with its parent (:func:`die_with_parent`), even
+with ``RELAXSPEC_VLLM_DISABLE=1`` (hooks off): a ``kill -9`` of ``relaxspec serve --engine vllm``
+(``--stock`` too, which loads it only for that) takes vLLM's engine core and workers with it.
 
 Registration is idempotent. Stock vLLM = this plugin not loaded: ``VLLM_PLUGINS`` without
 ``relaxspec`` (e.g. ``VLLM_PLUGINS=none``) or ``RELAXSPEC_VLLM_DISABLE=1``. Only the vLLM minor
@@ -95,10 +96,12 @@ def is_registered() -> bool:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: install the hooks (idempotent)."""
     global _registered
-    if _registered or os.environ.get(ENV_DISABLE) == "1":
+    if _registered:
+        return
+    die_with_parent()  # stock too (RELAXSPEC_VLLM_DISABLE=1): no hooks, but no orphans either
+    if os.environ.get(ENV_DISABLE) == "1":
         return
     check_version()
-    die_with_parent()
     _install()
     _registered = True
     log.info("relaxspec vLLM plugin registered (pid %d)", os.getpid())

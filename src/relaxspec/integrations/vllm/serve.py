@@ -267,7 +267,8 @@ def serve(
     plugin.require_vllm()
     # Ours is the one key check, on every route; vLLM's would only repeat it on /v1 (and its
     # children need not hold the key).
-    api_key = api_key or os.environ.pop("VLLM_API_KEY", None) or None
+    from_env = os.environ.pop("VLLM_API_KEY", None)
+    api_key = api_key or from_env or None
     door = guard.GuardConfig(api_key, max_body_bytes, max_tokens_cap, default_max_tokens)
     limits = serving_args(max_concurrency=max_concurrency, max_tokens_cap=max_tokens_cap, log_level=log_level)
     if log_level is not None:  # before vLLM's logger is set up, and for every process it starts
@@ -277,12 +278,13 @@ def serve(
     argv, rule = vllm_args(method, dict(params or {}), stock=stock, extra=extra, **kwargs)
     guard.configure(door)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    plugin.die_with_parent()  # vLLM's engine core (forked from here) dies with this process
+    plugin.die_with_parent()  # what this process forks dies with it (what it spawns: register())
     with contextlib.ExitStack() as stack:
         if stock:
             from relaxspec.integrations.vllm.offline import other_plugins
 
-            os.environ["VLLM_PLUGINS"] = ",".join(other_plugins()) or "none"
+            # our plugin without its hooks: only the lifeline in the processes vLLM spawns
+            os.environ["VLLM_PLUGINS"] = ",".join([*other_plugins(), plugin.PLUGIN_NAME])
             os.environ[plugin.ENV_DISABLE] = "1"
         else:
             if rule is not None:
