@@ -884,6 +884,8 @@ def serve_cmd(
     rule, requests pick theirs with vllm_xargs (docs/vllm.md).
     """
     _check_engine(engine, kernels)
+    if not 1 <= port <= 65535:
+        raise RelaxSpecError(f"--port must be in 1..65535, got {port}")
     if k_schedule is not None and engine != "vllm":
         raise RelaxSpecError("--k-schedule is for --engine vllm (our engine picks K per step: --adaptive-k)")
     if engine == "vllm":
