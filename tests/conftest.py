@@ -30,7 +30,9 @@ settings.register_profile("explore", deadline=None, suppress_health_check=[Healt
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Tiny models are dominated by per-op overhead; a second thread only adds contention on 2 cores.
+# RELAXSPEC_THREADS holds commands run in-process or as subprocesses (run_cli) to one thread too.
 torch.set_num_threads(1)
+os.environ.setdefault("RELAXSPEC_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

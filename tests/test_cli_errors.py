@@ -73,3 +73,19 @@ def test_theory_accepts_rounded_decimals(monkeypatch, capsys):
     code, out, err = run_main(monkeypatch, capsys, "theory", "--p", "0.33,0.33,0.34", "--q", "0.2, 0.3, 0.5")
     assert code == 0, err
     assert '"total_variation"' in out
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("generate", "--method", "sd", "--threads", "0", "w1"), "--threads must be an integer in 1..1024"),
+        (("bench", "--methods", "ar", "--limit", "1", "--busy-neighbour", "-2"), "--busy-neighbour"),
+        (("bench", "--methods", "ar", "--limit", "1", "--threads", "5000"), "--threads"),
+    ],
+)
+def test_thread_and_neighbour_flags(monkeypatch, capsys, model_dirs, args, needle):
+    target, draft = model_dirs
+    full = (*args[:-1], "--target", str(target), "--draft", str(draft), args[-1])
+    if args[0] == "bench":
+        full = (*args, "--target", str(target), "--draft", str(draft), "--peers", "none")
+    assert_one_line_error(*run_main(monkeypatch, capsys, *full)[::2], needle)
