@@ -31,6 +31,11 @@ def test_k_below_one(target, draft, k):
         ({"temperature": float("nan")}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.2}, "top_p"),
+        ({"temperature": 1e-300}, "temperature must be 0 .greedy. or at least 1e-05"),  # 0 in float32
+        ({"temperature": 1e-40}, "temperature"),  # logits / T overflows float32
+        ({"temperature": True}, "temperature"),
+        ({"top_p": 1e-300}, "top_p must be at least 1e-05"),
+        ({"top_p": float("nan")}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"seed": -1}, "seed"),
@@ -40,6 +45,14 @@ def test_k_below_one(target, draft, k):
 def test_sampling_params(kwargs, match):
     with pytest.raises(RelaxSpecError, match=match):
         SamplingParams(**kwargs)
+
+
+def test_smallest_allowed_values_generate(target, draft):
+    """The floors themselves decode normally: finite probabilities, a token per step."""
+    engine = build_engine("sd", target, draft)
+    for params in (SamplingParams(temperature=1e-5, seed=0), SamplingParams(top_p=1e-5, seed=0)):
+        out = engine.generate("w1 w2", SamplingParams(**{**params.__dict__, "max_new_tokens": 4}))
+        assert len(out.tokens) == 4
 
 
 def test_unknown_method_and_parameter(target, draft):

@@ -80,6 +80,26 @@ def _check_engine(engine: str, kernels: str) -> None:
         raise RelaxSpecError("--kernels applies to our engine; vLLM runs its own kernels (--engine vllm)")
 
 
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="our engine's torch threads (default: the CPUs this process can really use: affinity, "
+        "cgroup quota, minus CPUs other processes keep busy; env RELAXSPEC_THREADS)"
+    ),
+]
+
+
+def _configure_threads(threads: int | None, engine: str) -> None:
+    """Our engine's thread count (vLLM sets its own workers' threads)."""
+    from relaxspec.engine.threads import configure_threads, parse_threads
+
+    if engine == "vllm":
+        if threads is not None:
+            parse_threads(threads, "--threads")
+        return
+    configure_threads(threads)
+
+
 # Method parameters with a flag of their own on every command that builds engines (any other
 # parameter of a preset: ``--set name=value``). Each name is a parameter of some preset (tested).
 METHOD_FLAGS: dict[str, tuple[type, str]] = {
@@ -138,6 +158,7 @@ def with_method_options(default_method: str, method_help: str) -> Callable[[Call
             _option(r, Annotated[Path | None, typer.Option(help=f"{h} (default: bundled models/{r})")])
             for r, h in MODEL_HELP.items()
         ),
+        _option("threads", ThreadsOpt),
     ]
 
     def decorate(command: Callable) -> Callable:
@@ -146,6 +167,7 @@ def with_method_options(default_method: str, method_help: str) -> Callable[[Call
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
             flags = {n: kwargs.pop(n) for n in METHOD_FLAGS}
+            threads = kwargs.pop("threads")
             params = {n: v for n, v in flags.items() if v is not None}
             params.update(_training_overrides(kwargs.pop("set_")))
             opts = MethodOptions(kwargs.pop("method"), params, {r: kwargs.pop(r) for r in MODEL_HELP})
@@ -159,6 +181,7 @@ def with_method_options(default_method: str, method_help: str) -> Callable[[Call
                 from relaxspec.methods import resolve_params
 
                 resolve_params(opts.method, opts.params)
+            _configure_threads(threads, kwargs.get("engine", "relaxspec"))
             return command(opts=opts, **kwargs)
 
         parameters = own + added
@@ -709,6 +732,14 @@ def bench_cmd(
             "(e.g. vllm-ar for rows verified by the model that peer decodes)"
         ),
     ] = "ar",
+    threads: ThreadsOpt = None,
+    busy_neighbour: Annotated[
+        int,
+        typer.Option(
+            help="contention benchmark: run N busy-loop processes, each pinned to one CPU, for the "
+            "whole run (docs/performance.md)"
+        ),
+    ] = 0,
 ) -> None:
     """Benchmark a grid of methods in one process: table, records, JSON, CSV and Markdown in --out.
 
@@ -746,7 +777,11 @@ def bench_cmd(
         kernels=kernels,
         baseline=baseline,
     )
-    run_bench(config)
+    from relaxspec.eval.contention import busy_neighbours
+
+    with busy_neighbours(busy_neighbour):
+        _configure_threads(threads, engine)  # after the neighbours start: they are not ours
+        run_bench(config)
 
 
 @app.command("report")
@@ -895,6 +930,8 @@ def serve_cmd(
     rule, requests pick theirs with vllm_xargs (docs/vllm.md).
     """
     _check_engine(engine, kernels)
+    if not 1 <= port <= 65535:
+        raise RelaxSpecError(f"--port must be in 1..65535, got {port}")
     if max_body_bytes < 1024:
         raise RelaxSpecError(f"--max-body-bytes must be >= 1024, got {max_body_bytes}")
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):

@@ -83,6 +83,24 @@ def argmax_mask(p: Tensor) -> Tensor:
 NUCLEUS_HEADS = (64, 512)
 
 
+def _mass_before(sorted_p: Tensor) -> Tensor:
+    """Exclusive prefix sums ``before[i] = Σ_{j<i} sorted_p[j]``, in float64.
+
+    sorted_p: [..., H] (descending) -> [..., H] float64.
+
+    Why float64: the nucleus test ``before < θ`` is a threshold on a sum, and near θ = 1 a
+    float32 sum (24-bit significand) lands on either side of θ depending on the summation order
+    (``1 − 2⁻²⁴`` vs ``1.0``), which made the mask disagree with its own definition. Each float32
+    (or bf16/fp16) value has at most 24 significant bits, so a partial sum of values whose
+    exponents span at most ``29 − log₂ H`` binades fits in float64's 53 bits and is *exact*; in
+    general the float64 sum is within ``(H − 1)·2⁻⁵³`` (relative) of the exact one (Higham,
+    Thm 4.4), so the mask equals the exact-arithmetic mask for every θ farther than that from a
+    partial sum, and θ itself is compared as a float64 (never rounded to the tensor's dtype).
+    """
+    mass = sorted_p.double().cumsum(-1)
+    return torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)
+
+
 def _nucleus_mask(p: Tensor, theta: float) -> Tensor:
     """Unvalidated :func:`nucleus_mask`."""
     if theta >= 1.0:
@@ -95,7 +113,7 @@ def _nucleus_mask(p: Tensor, theta: float) -> Tensor:
         # the multiset of values, so the mask is invariant to permuting the vocabulary. A head's
         # prefix sums are a prefix of the full ones, so a head whose last position already has
         # mass ≥ θ before it (in every row) holds the whole nucleus.
-        before = torch.cat([torch.zeros_like(sorted_p[..., :1]), sorted_p.cumsum(-1)[..., :-1]], dim=-1)
+        before = _mass_before(sorted_p)
         if complete or bool((before[..., -1] >= theta).all()):
             break
     # Positions with `before < θ` form a prefix of length ≥ 1. Its last value is the smallest

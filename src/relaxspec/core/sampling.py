@@ -14,6 +14,40 @@ import torch
 
 from relaxspec.errors import RelaxSpecError
 
+# The smallest positive temperature and top-p a request may ask for. Smaller positive values
+# underflow (1e-300 is 0 in float32, so logits / T is NaN) or overflow (logits / 1e-40 is inf),
+# and they mean nothing new: vLLM decodes greedily below a temperature of 1e-5, and a top-p this
+# small keeps only the most likely tokens. One floor, used by every entry point (CLI, servers,
+# the vLLM engine), so the same value is refused everywhere with the same message.
+MIN_TEMPERATURE = 1e-5
+MIN_TOP_P = 1e-5
+
+
+def check_temperature(temperature: object) -> float:
+    """``temperature`` as a float if it is 0 (greedy) or a finite number ≥ MIN_TEMPERATURE."""
+    ok = isinstance(temperature, int | float) and not isinstance(temperature, bool)
+    if not (ok and math.isfinite(temperature) and temperature >= 0):
+        raise RelaxSpecError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise RelaxSpecError(
+            f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature!r}: "
+            "smaller values overflow the logits; use 0 for greedy decoding"
+        )
+    return float(temperature)
+
+
+def check_top_p(top_p: object) -> float:
+    """``top_p`` as a float if it is a number in [MIN_TOP_P, 1]."""
+    ok = isinstance(top_p, int | float) and not isinstance(top_p, bool)
+    if not (ok and 0 < top_p <= 1):
+        raise RelaxSpecError(f"top_p must be in (0, 1], got {top_p!r}")
+    if top_p < MIN_TOP_P:
+        raise RelaxSpecError(
+            f"top_p must be at least {MIN_TOP_P:g}, got {top_p!r}: smaller values underflow "
+            f"and keep the same most likely tokens as {MIN_TOP_P:g}"
+        )
+    return float(top_p)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -32,16 +66,10 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not (
-            isinstance(self.temperature, int | float)
-            and math.isfinite(self.temperature)
-            and self.temperature >= 0
-        ):
-            raise RelaxSpecError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        check_temperature(self.temperature)
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise RelaxSpecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
-            raise RelaxSpecError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        check_top_p(self.top_p)
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise RelaxSpecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):

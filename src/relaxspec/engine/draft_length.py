@@ -62,12 +62,30 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from relaxspec.core.acceptance import Greedy, Rule
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.kv import model_logits, new_cache
 from relaxspec.errors import RelaxSpecError
 
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 Costs = Callable[[float], float]  # seconds of one forward over n tokens
+
+
+def needs_fixed_k(rule: Rule | None, params: SamplingParams) -> bool:
+    """True when a request must keep its draft length fixed for its output to be reproducible.
+
+    A seeded or greedy request promises the same output for the same request, whatever else is
+    in flight; the adaptive policy follows measured timings, so it may only vary K where K
+    cannot change the output. That is the case for exactly one kind of request: greedy decoding
+    with the exact greedy rule, whose output is the target's argmax sequence at every K. With a
+    relaxed rule the accepted text depends on which drafts are proposed, and with sampling the
+    random stream each cycle consumes depends on K (even for exact rules, which are exact in
+    distribution only). An unseeded sampling request promises nothing, so it adapts.
+    """
+    if rule is None or not (params.greedy or params.seed is not None):
+        return False
+    return not (params.greedy and isinstance(rule, Greedy))
 
 
 def ema(old: float | None, new: float, rate: float) -> float:

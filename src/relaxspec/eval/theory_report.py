@@ -11,17 +11,26 @@ from relaxspec.core.sampling import SamplingParams, processed_probs
 from relaxspec.core.theory import certified_horizon, coupling_bound, emitted_distribution, position_report
 from relaxspec.errors import RelaxSpecError
 
+# How far from 1 a typed distribution may sum (rounded decimals such as 0.33,0.33,0.34 are fine);
+# it is renormalised exactly. Further off is a typo, not a distribution.
+SUM_TOLERANCE = 1e-2
+
 
 def _parse_distribution(text: str, name: str) -> torch.Tensor:
+    """``--p``/``--q``: comma-separated probabilities summing to 1 -> [V] float64, renormalised."""
+    if not text.strip():
+        raise RelaxSpecError(f"--{name} is empty")
     try:
-        values = [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",")]  # an empty field ("0.5,,0.5") is an error
     except ValueError:
         raise RelaxSpecError(f"--{name} must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise RelaxSpecError(f"--{name} is empty")
     t = torch.tensor(values, dtype=torch.float64)
     if (t < 0).any() or not torch.isfinite(t).all() or t.sum() <= 0:
         raise RelaxSpecError(f"--{name} must be non-negative finite numbers with a positive sum")
+    if abs(float(t.sum()) - 1.0) > SUM_TOLERANCE:
+        raise RelaxSpecError(
+            f"--{name} must be a probability distribution summing to 1, got sum {float(t.sum()):g}"
+        )
     return t / t.sum()
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import GenerationResult
 from relaxspec.engine.batching import Batcher
-from relaxspec.engine.draft_length import GoodputDraftLength, LiveStepCosts, measure_step_costs
+from relaxspec.engine.draft_length import GoodputDraftLength, LiveStepCosts, measure_step_costs, needs_fixed_k
 from relaxspec.engine.kv import observe_forwards
 from relaxspec.engine.proposers import DraftModel
 from relaxspec.errors import Cancelled, RelaxSpecError
@@ -128,8 +128,14 @@ class ServingPool:
     def draft_length_policy(
         self, method: str, params: dict[str, Any], sampling: SamplingParams, engine: Any
     ) -> GoodputDraftLength | None:
-        """The shared adaptive draft-length policy for requests like this one (None: fixed K)."""
+        """The shared adaptive draft-length policy for requests like this one (None: fixed K).
+
+        Seeded and greedy requests whose output depends on K keep K fixed (:func:`needs_fixed_k`):
+        the same request gives the same output whatever else is in flight.
+        """
         if not self.adaptive_k or not isinstance(engine.proposer, DraftModel):
+            return None
+        if needs_fixed_k(engine.greedy_rule if sampling.greedy else engine.rule, sampling):
             return None
         key = (method, tuple(sorted((n, repr(v)) for n, v in params.items())), sampling.temperature)
         with self._adaptive_lock:

@@ -142,6 +142,9 @@ def _validation_error(err: ValidationError) -> APIError:
     loc = ".".join(str(p) for p in loc_parts)
     if first["type"] == "missing":
         return bad_request(f"missing required field {loc!r}", param=loc, code="missing_field")
+    if first["type"] == "extra_forbidden":
+        message = f"{loc!r} is not supported by this server (extra inputs are not permitted)"
+        return bad_request(message, param=loc, code="unsupported")
     messages = list(dict.fromkeys(e["msg"] for e in errors if tuple(e["loc"])[: len(loc_parts)] == loc_parts))
     where = f"{loc}: " if loc else ""
     detail = "; ".join(messages[:3])
@@ -198,8 +201,14 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_INT)]
 
 
 class _Sampling(_Strict):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions.
 
+    Every field is honoured or refused: a field this schema does not know is a 400 naming it
+    (``extra="forbid"``), and a known one the server cannot honour is a 400 unless it has its
+    "off" value (``_UNSUPPORTED``), so no parameter is silently ignored.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=MAX_INT)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -215,6 +224,10 @@ class _Sampling(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
+    repetition_penalty: float | None = None  # vLLM extension (`vllm bench serve` sends 1.0)
+    min_p: float | None = None  # vLLM extension
+    min_tokens: int | None = None  # vLLM extension
+    response_format: dict[str, Any] | None = None
     relaxspec: RelaxSpecOptions | None = None
 
 
@@ -243,7 +256,12 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
 
+
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop")
 
 # Fields that change OpenAI semantics in ways this server does not implement, with the values that
 # mean "off" (None always does).
@@ -258,6 +276,13 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (0,),
     "logit_bias": ({},),
     "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "repetition_penalty": (1,),
+    "min_p": (0,),
+    "min_tokens": (0,),
+    "response_format": ({"type": "text"},),
 }
 
 
@@ -564,7 +589,10 @@ def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | 
             ignore_eos=bool(req.ignore_eos),
         )
     except RelaxSpecError as err:
-        raise bad_request(str(err)) from None
+        # SamplingParams' messages start with the field they are about (e.g. a temperature of
+        # 1e-300, which underflows): name it, as pydantic's 400s do.
+        field = str(err).split(" ", 1)[0]
+        raise bad_request(str(err), param=field if field in _SAMPLING_FIELDS else None) from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Job(endpoint, prompt, prompt_tokens, sampling, method, params, bool(req.stream), include_usage)
 
@@ -1010,6 +1038,10 @@ class Server:
         }
         return {"object": "list", "data": [entry]}
 
+    def model(self, model_id: str) -> dict[str, Any] | None:
+        """The ``/v1/models`` entry whose id is ``model_id``, if any."""
+        return next((entry for entry in self.models()["data"] if entry["id"] == model_id), None)
+
     def _methods(self) -> list[str]:
         """The presets whose models this server loaded."""
         names = []
@@ -1138,6 +1170,15 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return server.models()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        """OpenAI's retrieve-model: the served model's entry, or a 404 naming the id."""
+        entry = server.model(model_id)
+        if entry is None:
+            message = f"model {model_id!r} not found; this server serves {config.model_name!r}"
+            return APIError(404, message, param="model", code="model_not_found").response()
+        return JSONResponse(entry)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relaxspec.core.sampling import check_temperature, check_top_p
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm.rules import PARAM_KEYS, RULE_NAMES, RuleChoice, canonical, choice_from_args
@@ -280,8 +281,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
-            raise RelaxSpecError(f"temperature must be a number >= 0, got {temperature!r}")
+        temperature, top_p = check_temperature(temperature), check_top_p(top_p)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise RelaxSpecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         extra = None

@@ -1,0 +1,184 @@
+"""How many threads the engine's torch ops use: the CPUs this process can really use.
+
+torch's default is one OpenMP thread per logical CPU of the machine. On a shared machine that is
+wrong twice: the process may be confined to fewer CPUs (``taskset``, a container's cpuset or CPU
+quota), and a CPU another process keeps busy is not ours either. Every parallel region then waits
+for its slowest thread, and a thread sharing a core with a busy neighbour gets a time slice only
+every few milliseconds, so a tiny-model decode step (hundreds of small regions) collapses.
+
+:func:`default_threads` counts the CPUs in this process's affinity mask, caps them at the cgroup
+CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``), and leaves out CPUs
+that other processes keep busy at the moment it looks (``/proc/stat`` over a short interval).
+:func:`resolve_threads` lets a user override it (``--threads``, ``RELAXSPEC_THREADS``, or
+``OMP_NUM_THREADS``, which torch reads itself). The OpenMP wait policy (threads sleep instead of
+spinning at barriers) is set in ``relaxspec/__init__.py``: it must be in the environment before
+torch loads its OpenMP runtime.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from relaxspec.errors import RelaxSpecError
+
+ENV_THREADS = "RELAXSPEC_THREADS"
+MAX_THREADS = 1024
+# A CPU counts as taken by others when it was busy at least this fraction of the sampling interval
+# (this process is idle while it samples).
+BUSY_FRACTION = 0.5
+SAMPLE_SECONDS = 0.2
+
+
+def affinity_cpus() -> set[int]:
+    """The CPUs this process may run on (``sched_getaffinity``; all of them where unsupported)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def cgroup_cpu_limit(
+    root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")
+) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (e.g. 1.5), or None when unlimited.
+
+    cgroup v2: ``<root>/<path>/cpu.max`` holds ``"<quota> <period>"`` or ``"max <period>"``.
+    cgroup v1: ``<root>/cpu/<path>/cpu.cfs_quota_us`` (-1 = unlimited) over ``cpu.cfs_period_us``.
+    ``<path>`` comes from ``/proc/self/cgroup``; the root group is tried when it is not mounted.
+    """
+    paths = _cgroup_paths(proc_cgroup)
+    # This process's own group where it is mounted, else the root of the hierarchy.
+    for rel in dict.fromkeys((paths.get("", "/"), "/")):
+        cpu_max = root / rel.lstrip("/") / "cpu.max"
+        if cpu_max.exists():
+            return _read_cpu_max(cpu_max)
+    for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        for rel in dict.fromkeys((paths.get("cpu", "/"), "/")):
+            base = root / mount / rel.lstrip("/")
+            quota = _read_number(base / "cpu.cfs_quota_us")
+            period = _read_number(base / "cpu.cfs_period_us")
+            if quota is not None and period:
+                return quota / period if quota > 0 else None
+    return None
+
+
+def _cgroup_paths(proc_cgroup: Path) -> dict[str, str]:
+    """``/proc/self/cgroup`` lines ``id:controllers:path`` -> {controller: path} ("" = v2)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(",") if parts[1] else [""]:
+                out[controller] = parts[2]
+    return out
+
+
+def _read_number(path: Path) -> float | None:
+    try:
+        return float(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_cpu_max(path: Path) -> float | None:
+    """``cpu.max`` -> quota / period in CPUs; None if absent, unreadable or ``max``."""
+    try:
+        fields = path.read_text().split()
+    except OSError:
+        return None
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    try:
+        quota, period = float(fields[0]), float(fields[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cpu_times(stat: Path = Path("/proc/stat")) -> dict[int, tuple[int, int]]:
+    """Per-CPU ``(busy, total)`` jiffies from ``/proc/stat`` ({} where there is none).
+
+    busy = user + nice + system + irq + softirq + steal; total adds idle and iowait.
+    """
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        values = [int(x) for x in fields[:8]] + [0] * max(0, 8 - len(fields))
+        user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
+        busy = user + nice + system + irq + softirq + steal
+        out[int(name[3:])] = (busy, busy + idle + iowait)
+    return out
+
+
+def busy_cpus(
+    before: Mapping[int, tuple[int, int]], after: Mapping[int, tuple[int, int]], cpus: set[int]
+) -> set[int]:
+    """The CPUs of ``cpus`` busy at least :data:`BUSY_FRACTION` of the time between two samples."""
+    taken = set()
+    for cpu in cpus & before.keys() & after.keys():
+        busy = after[cpu][0] - before[cpu][0]
+        total = after[cpu][1] - before[cpu][1]
+        if total > 0 and busy >= BUSY_FRACTION * total:
+            taken.add(cpu)
+    return taken
+
+
+def default_threads(cpus: set[int], quota: float | None, taken: set[int] | None = None) -> int:
+    """``min(|cpus \\ taken|, ⌊quota⌋)``, at least 1: the CPUs this process can really use."""
+    free = len(cpus - (taken or set()))
+    if quota is not None:
+        free = min(free, math.floor(quota))
+    return max(1, free)
+
+
+def parse_threads(value: object, source: str) -> int:
+    """A thread count from a flag or environment variable: an integer in 1..MAX_THREADS."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_THREADS:
+        raise RelaxSpecError(f"{source} must be an integer in 1..{MAX_THREADS}, got {value!r}")
+    return int(text)
+
+
+def resolve_threads(
+    threads: int | None = None, env: Mapping[str, str] | None = None, sample_seconds: float = SAMPLE_SECONDS
+) -> int | None:
+    """The thread count to use: ``threads`` (``--threads``), else ``RELAXSPEC_THREADS``, else
+    None when ``OMP_NUM_THREADS`` is set (torch already follows it), else the usable CPUs
+    (:func:`default_threads`, sampling ``/proc/stat`` for ``sample_seconds``)."""
+    env = os.environ if env is None else env
+    if threads is not None:
+        return parse_threads(threads, "--threads")
+    if env.get(ENV_THREADS, "").strip():
+        return parse_threads(env[ENV_THREADS], ENV_THREADS)
+    if env.get("OMP_NUM_THREADS", "").strip():
+        return None
+    cpus = affinity_cpus()
+    taken: set[int] = set()
+    if len(cpus) > 1 and sample_seconds > 0:
+        before = cpu_times()
+        time.sleep(sample_seconds)
+        taken = busy_cpus(before, cpu_times(), cpus)
+    return default_threads(cpus, cgroup_cpu_limit(), taken)
+
+
+def configure_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op thread count from :func:`resolve_threads`; returns the count in use."""
+    import torch
+
+    n = resolve_threads(threads)
+    if n is not None:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()

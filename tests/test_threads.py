@@ -1,0 +1,176 @@
+"""Issue 36: the engine's thread count comes from the CPUs it can really use (affinity, cgroup
+quota, CPUs other processes keep busy), with a validated knob; the contention benchmark's busy
+neighbours start pinned and always stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from relaxspec.engine.threads import (
+    ENV_THREADS,
+    busy_cpus,
+    cgroup_cpu_limit,
+    cpu_times,
+    default_threads,
+    parse_threads,
+    resolve_threads,
+)
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.contention import busy_neighbours, neighbour_cpus
+
+
+def write(path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.mark.parametrize(
+    "cpu_max,expected", [("150000 100000\n", 1.5), ("400000 100000", 4.0), ("max 100000\n", None)]
+)
+def test_cgroup_v2_quota(tmp_path, cpu_max, expected):
+    write(tmp_path / "proc_cgroup", "0::/job/worker\n")
+    write(tmp_path / "cg" / "job" / "worker" / "cpu.max", cpu_max)
+    write(tmp_path / "cg" / "cpu.max", "100000 100000")  # the root's is not this process's
+    assert cgroup_cpu_limit(tmp_path / "cg", tmp_path / "proc_cgroup") == expected
+
+
+def test_cgroup_v2_root_group_when_the_path_is_not_mounted(tmp_path):
+    write(tmp_path / "proc_cgroup", "0::/elsewhere\n")
+    write(tmp_path / "cg" / "cpu.max", "250000 100000")
+    assert cgroup_cpu_limit(tmp_path / "cg", tmp_path / "proc_cgroup") == 2.5
+
+
+@pytest.mark.parametrize("mount", ["cpu", "cpu,cpuacct"])
+@pytest.mark.parametrize("quota,expected", [("200000", 2.0), ("50000", 0.5), ("-1", None)])
+def test_cgroup_v1_quota(tmp_path, mount, quota, expected):
+    write(tmp_path / "proc_cgroup", "4:memory:/x\n3:cpu,cpuacct:/docker/abc\n0::/\n")
+    write(tmp_path / "cg" / mount / "docker" / "abc" / "cpu.cfs_quota_us", quota + "\n")
+    write(tmp_path / "cg" / mount / "docker" / "abc" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_limit(tmp_path / "cg", tmp_path / "proc_cgroup") == expected
+
+
+def test_no_cgroup_files_means_unlimited(tmp_path):
+    assert cgroup_cpu_limit(tmp_path / "none", tmp_path / "missing") is None
+    write(tmp_path / "cg" / "cpu.max", "garbage")
+    assert cgroup_cpu_limit(tmp_path / "cg", tmp_path / "missing") is None
+
+
+def test_cpu_times_and_busy_cpus(tmp_path):
+    # user nice system idle iowait irq softirq steal
+    write(
+        tmp_path / "s1", "cpu  1 1 1 1 1 1 1 1\ncpu0 100 0 0 100 0 0 0 0\ncpu1 100 0 0 100 0 0 0 0\nintr 5\n"
+    )
+    write(
+        tmp_path / "s2", "cpu  1 1 1 1 1 1 1 1\ncpu0 110 0 0 190 0 0 0 0\ncpu1 180 0 5 105 0 0 0 0\nintr 9\n"
+    )
+    before, after = cpu_times(tmp_path / "s1"), cpu_times(tmp_path / "s2")
+    assert before == {0: (100, 200), 1: (100, 200)}
+    assert after[1] == (185, 290)
+    assert busy_cpus(before, after, {0, 1}) == {1}  # cpu1: 85 of 90 jiffies busy; cpu0: 10 of 100
+    assert busy_cpus(before, after, {0}) == set()  # only this process's CPUs count
+    assert cpu_times(tmp_path / "missing") == {}
+
+
+@pytest.mark.parametrize(
+    "cpus,quota,taken,expected",
+    [
+        ({0, 1}, None, set(), 2),
+        ({0, 1}, None, {1}, 1),  # a busy neighbour on one of two CPUs
+        ({0, 1}, None, {0, 1}, 1),  # never fewer than one
+        ({0, 1, 2, 3, 4, 5, 6, 7}, 1.5, set(), 1),  # quota below the affinity set
+        ({0, 1, 2, 3, 4, 5, 6, 7}, 4.0, {7}, 4),
+        ({2, 5}, 0.5, set(), 1),
+        ({0, 1, 2, 3}, None, {3, 9}, 3),  # a busy CPU outside the set changes nothing
+    ],
+)
+def test_default_threads(cpus, quota, taken, expected):
+    assert default_threads(cpus, quota, taken) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, "x", "", "1.5", 10**6, True])
+def test_bad_thread_counts(value):
+    with pytest.raises(RelaxSpecError, match=r"--threads must be an integer in 1\.\.1024"):
+        parse_threads(value, "--threads")
+
+
+def test_resolve_threads_precedence():
+    assert resolve_threads(3, {ENV_THREADS: "2"}) == 3  # the flag wins
+    assert resolve_threads(None, {ENV_THREADS: " 2 ", "OMP_NUM_THREADS": "4"}) == 2
+    assert resolve_threads(None, {"OMP_NUM_THREADS": "4"}) is None  # torch follows it itself
+    with pytest.raises(RelaxSpecError, match=ENV_THREADS):
+        resolve_threads(None, {ENV_THREADS: "zero"})
+    n = resolve_threads(None, {}, sample_seconds=0)
+    assert 1 <= n <= len(os.sched_getaffinity(0))
+
+
+def test_neighbour_cpus():
+    assert neighbour_cpus(1, {0, 1}) == [1]
+    assert neighbour_cpus(3, {0, 4}) == [4, 0, 4]
+    assert neighbour_cpus(0, {0, 1}) == []
+
+
+def test_busy_neighbours_run_pinned_and_stop():
+    with busy_neighbours(1) as cpus:
+        [cpu] = cpus
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        spinning = [
+            p
+            for p in pids
+            if _cmdline(p).endswith("-c\0while True:\n    pass\n\0") and _parent(p) == os.getpid()
+        ]
+        assert len(spinning) == 1
+        assert os.sched_getaffinity(spinning[0]) == {cpu}
+    time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{spinning[0]}") or _state(spinning[0]) == "Z"
+
+
+def test_busy_neighbours_stop_on_error():
+    with pytest.raises(KeyError), busy_neighbours(1):
+        raise KeyError("boom")
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == os.getpid()]
+    assert all("while True" not in _cmdline(int(p)) for p in children)
+
+
+@pytest.mark.parametrize("n", [-1, 65, True])
+def test_bad_neighbour_count(n):
+    with pytest.raises(RelaxSpecError, match="--busy-neighbour"), busy_neighbours(n):
+        pass
+
+
+def test_wait_policy_is_passive_when_relaxspec_loads_first():
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = "import os, relaxspec, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "PASSIVE"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"  # the user's choice stands
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ACTIVE"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
