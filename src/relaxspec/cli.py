@@ -172,7 +172,10 @@ def _parse_value(text: str) -> Any:
 
 
 @app.command()
-@with_method_options("nsd", "ar, sd, nsd, topk, typical, lenience, mars, prove, prove-lossless, sdd*")
+@with_method_options(
+    "nsd",
+    "ar, sd, nsd, topk, typical, lenience, topk-delta, threshold, fly, mars, prove, prove-lossless, sdd*",
+)
 def generate(
     prompt: Annotated[str, typer.Argument(help="prompt text")],
     temperature: float = 1.0,

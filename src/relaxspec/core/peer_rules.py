@@ -35,7 +35,10 @@ from torch import Tensor
 from relaxspec.core.acceptance import AcceptanceRule, _check_unit_interval, _is_real, _top_k_mask
 from relaxspec.errors import require
 
-__all__ = ["FLy", "Threshold", "TopKDelta", "fly_entropy"]
+__all__ = ["FLY_DEFAULT_WINDOW", "FLy", "Threshold", "TopKDelta", "fly_entropy"]
+
+# FLy's window where none is given: min(this, K − 1) (vLLM's ``fly_window_size`` default).
+FLY_DEFAULT_WINDOW = 6
 
 
 def _check_int(x: object, name: str, lowest: int) -> None:
@@ -130,18 +133,20 @@ class FLy(AcceptanceRule):
     - drafts ``i+1 .. i+window`` are all accepted natively (their own decisions, not deferred ones).
 
     Recovery at the first position left rejected is Exact's residual ``norm((p − q)⁺)`` (greedy:
-    ``argmax p``). ``window`` integer ≥ 1 (a window ≥ K defers nothing: FLy is then Exact);
-    ``entropy_threshold ≥ 0`` (``math.inf``: never defer, i.e. Exact / Greedy); ``entropy_top_k``
-    integer ≥ 1. The window is state within one verify call (module docstring).
+    ``argmax p``). ``window`` integer ≥ 1 (a window ≥ K defers nothing: FLy is then Exact), or
+    None for vLLM's default ``min(6, K − 1)`` with K the call's draft length; ``entropy_threshold
+    ≥ 0`` (``math.inf``: never defer, i.e. Exact / Greedy); ``entropy_top_k`` integer ≥ 1. The
+    window is state within one verify call (module docstring).
     """
 
-    window: int = 6
+    window: int | None = None
     entropy_threshold: float = 0.3
     entropy_top_k: int = 3
     greedy: bool = False
 
     def __post_init__(self) -> None:
-        _check_int(self.window, "window", 1)
+        if self.window is not None:
+            _check_int(self.window, "window", 1)
         t = self.entropy_threshold
         is_number = isinstance(t, numbers.Real) and not isinstance(t, bool) and not math.isnan(float(t))
         require(
@@ -151,14 +156,19 @@ class FLy(AcceptanceRule):
         _check_int(self.entropy_top_k, "entropy_top_k", 1)
         _check_greedy(self.greedy)
 
+    def window_for(self, K: int) -> int:
+        """The window for a block of K drafts: ``window``, or ``min(6, K − 1)`` where it is None."""
+        return min(FLY_DEFAULT_WINDOW, K - 1) if self.window is None else int(self.window)
+
     def defer(self, native: Tensor, p_draft: Tensor, p_tok: Tensor) -> Tensor:
         """The accept mask after FLy's deferrals (see the class docstring).
 
         native: [B, K] bool native decisions; p_draft: [B, K, V] target laws at the drafts;
         p_tok: [B, K] = p_i(d_i). Returns [B, K] bool ⊇ native.
         """
-        K, W = native.shape[1], int(self.window)
-        if W >= K or math.isinf(float(self.entropy_threshold)):
+        K = native.shape[1]
+        W = self.window_for(K)
+        if W < 1 or W >= K or math.isinf(float(self.entropy_threshold)):
             return native
         # ok[i] = drafts i+1..i+W all natively accepted: counts over that window from a cumsum.
         counts = native.long().cumsum(-1)

@@ -274,6 +274,7 @@ def fly_block_law(rule: FLy, p: Tensor, q: Tensor | None) -> dict[str, Tensor]:
     top = min(rule.entropy_top_k, V)
     entropy = [float(torch.special.entr(p[i].topk(top).values).sum()) for i in range(K)]
     high = [e >= rule.entropy_threshold for e in entropy]
+    window = rule.window_for(K)
     accepted = torch.zeros(K + 1, dtype=torch.float64)
     first = torch.zeros(V, dtype=torch.float64)
     recovery = argmax_mask(p[0]).double() if rule.is_greedy else _exact_residual(p[0], q[0])  # type: ignore[index]
@@ -292,10 +293,11 @@ def fly_block_law(rule: FLy, p: Tensor, q: Tensor | None) -> dict[str, Tensor]:
             keep = [
                 bool(native[i])
                 or (
-                    i + rule.window < K
+                    window >= 1
+                    and i + window < K
                     and high[i]
                     and float(p[i, d]) > 0
-                    and all(native[i + 1 : i + 1 + rule.window])
+                    and all(native[i + 1 : i + 1 + window])
                 )
                 for i, d in enumerate(drafts)
             ]
