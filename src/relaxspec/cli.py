@@ -81,7 +81,7 @@ METHOD_FLAGS: dict[str, tuple[type, str]] = {
     "theta": (float, "nucleus threshold θ (nsd; sdd accept=nucleus) / gate θ (prove)"),
     "accept_k": (int, "accept drafts among the target's top-k (topk)"),
     "epsilon": (float, "typical acceptance ε"),
-    "delta": (float, "typical acceptance δ"),
+    "delta": (float, "typical acceptance δ; topk-delta δ"),
     "ell": (float, "lenience ℓ"),
     "block_size": (int, "tokens per block proposal (mars, prove, prove-lossless)"),
     "tau": (float, "confidence threshold τ (mars; sdd-skip)"),
