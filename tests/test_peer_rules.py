@@ -14,10 +14,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from relaxspec.acceptance import Exact, FLy, Greedy, Threshold, TopKDelta, Verdict, fly_entropy, verify
 from relaxspec.errors import RelaxSpecError
+from relaxspec.testing import law_chi2_pvalue as chi2_pvalue
 from relaxspec.theory import (
     emitted_distribution,
     fly_block_law,
@@ -25,15 +25,6 @@ from relaxspec.theory import (
     peer_excess,
     total_variation,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 N_ROWS = 200_000
 # (p, q) with a generic law and one with ties and zeros (the tied boundary decides membership).
@@ -54,17 +45,6 @@ PEER_RULES = [
     Threshold(0.5, 0.5),
     Threshold(1.0, 0.3),
 ]
-
-
-def chi2_pvalue(counts: torch.Tensor, law: torch.Tensor) -> float:
-    """Chi-square goodness of fit; asserts no counts outside the law's support."""
-    law = law.double()
-    support = law > 1e-9
-    assert counts[~support].sum() == 0, f"counts outside the support: {counts.tolist()}"
-    if support.sum() == 1:
-        return 1.0
-    expected = law[support] / law[support].sum() * counts[support].sum()
-    return float(stats.chisquare(counts[support].double().numpy(), expected.numpy()).pvalue)
 
 
 def same(a: Verdict, b: Verdict) -> bool:
