@@ -135,3 +135,23 @@ def test_tiny_tournament_end_to_end(model_dirs, tmp_path):
     for name in ("tournament.json", "tournament.md", "frontier.png"):
         assert (out / name).is_file()
     assert "Verdict" in (out / "tournament.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rules", "nsd,bogus"], "unknown rule(s) bogus"),
+        (["--temperatures", "0,hot"], "--temperatures expects comma-separated numbers"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--temperatures", "-1"], "temperature"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(args, message, monkeypatch, capsys, tmp_path):
+    from relaxspec import cli
+
+    monkeypatch.setattr("sys.argv", ["relaxspec", "tournament", *args, "--out", str(tmp_path / "t")])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1
