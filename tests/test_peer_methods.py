@@ -71,8 +71,13 @@ def test_relaxed_settings_accept_by_relaxation(target, draft, unrelated_draft):
     ):
         engine = build_engine(method, target, proposer, k=4, **params)
         assert engine.greedy_rule == rule
-        relaxed = sum(engine.generate(p, GREEDY).stats.accepted_by_relaxation for p in PROMPTS)
+        stats = [engine.generate(p, GREEDY).stats for p in PROMPTS]
+        relaxed = sum(s.accepted_by_relaxation for s in stats)
         assert relaxed > 0, method
+        # per position: the relaxation's share of each position's acceptances
+        assert sum(sum(s.position_relaxed) for s in stats) == relaxed
+        for s in stats:
+            assert all(r <= a for r, a in zip(s.position_relaxed, s.position_accepted, strict=True))
 
 
 @pytest.mark.parametrize("method, item, message", BAD)

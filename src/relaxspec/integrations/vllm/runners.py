@@ -299,7 +299,7 @@ def generation_stats(result: VLLMResult, k: int) -> dict[str, Any]:
         out["accepted_by_relaxation"] = plugin["relaxed_accepted"]
         out["position_proposed"] = plugin["drafted_per_pos"]
         out["position_accepted"] = plugin["accepted_per_pos"]
-        out["relaxed_per_pos"] = plugin["relaxed_per_pos"]
+        out["relaxed_per_pos"] = out["position_relaxed"] = plugin["relaxed_per_pos"]  # our engine's name too
     return out
 
 
