@@ -468,7 +468,7 @@ def test_fly_deferrals_are_counted_as_relaxed_per_position():
         ({"rule": "typical", "epsilon": True}, "epsilon must be a number"),
         ({"rule": "lenience", "ell": True}, "ell must be a number"),
         ({"rule": "fly", "window": True}, "window must be a number"),
-        ({"rule": True}, "rule must be a number"),
+        ({"rule": True}, "rule must be a rule name, got true"),
         ({"rule": "gate"}, "not offered per request"),
         ({"rule": "prove", "theta": 0.1}, "not offered per request"),
         ({"rule": "topk-delta", "top_n": 0}, "top_n must be an integer"),

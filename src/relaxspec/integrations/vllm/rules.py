@@ -200,8 +200,8 @@ def choice_from_args(args: Mapping[str, Any] | None, default: RuleChoice | None 
     """The rule a request asks for in ``extra_args`` (relaxspec's keys only), over ``default``.
 
     Keys: ``rule`` and the parameters of :data:`PARAM_KEYS`; other keys belong to others and are
-    ignored. A parameter alone switches to the rule it
-    belongs to unless the default rule takes it. Raises ``RelaxSpecError`` on bad values.
+    ignored. A parameter alone switches to the rule it belongs to unless the default rule takes
+    it. Raises ``RelaxSpecError`` on bad values.
     """
     default = default or RuleChoice()
     args = dict(args or {})
@@ -244,7 +244,8 @@ def check_request(args: Mapping[str, Any] | None, default: RuleChoice) -> RuleCh
     for key in (RULE_KEY, *PARAM_KEYS):
         value = args.get(key)
         if isinstance(value, bool) or (isinstance(value, list) and any(isinstance(v, bool) for v in value)):
-            raise RelaxSpecError(f"{key} must be a number, got {json.dumps(value)}")
+            what = "a rule name" if key == RULE_KEY else "a number"
+            raise RelaxSpecError(f"{key} must be {what}, got {json.dumps(value)}")
     choice = choice_from_args(args, default)
     if choice.name in SERVER_ONLY and default.name != choice.name:
         offered = ", ".join(n for n in RULE_NAMES if n not in SERVER_ONLY)
