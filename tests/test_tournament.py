@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -73,15 +74,17 @@ def test_analysis_of_records_pairs_with_ar_and_top_p_ar():
         Cell("threshold", {"k": 4, "single": 0.3, "acc": 1.0}, "d", 0, s),
     ]
     records = []
-    for i in range(12):
+    for i in range(12):  # two seeds of each cell: their outcomes pool into one row
         for c, seconds, q in zip(cells, (1.0, 1.0, 0.5), (1.0, 1.0, float(i % 2)), strict=True):
+            c = replace(c, seed=i % 2)
             records.append(
                 {"type": "record", "cell": c.to_dict(), "example": f"e{i}", "tokens": [1] * 10,
                  "seconds": seconds, "quality": q, "error": None}
             )  # fmt: skip
-    (group,) = analyse(records, 0.9)
+    (group,) = analyse(records)
     rows = {r["name"]: r for r in group["rows"]}
     assert set(rows) == {"ar", TOP_P_AR, "threshold single=0.3"}
+    assert rows["ar"]["quality"]["n"] == 12
     relaxed = rows["threshold single=0.3"]
     assert relaxed["speedup"]["estimate"] == pytest.approx(2.0)
     assert relaxed["vs_ar"]["delta"] == pytest.approx(-0.5) and relaxed["vs_top_p_ar"][

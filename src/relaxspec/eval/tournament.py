@@ -99,7 +99,7 @@ def run_tournament(config: TournamentConfig) -> dict[str, Any]:
     results = []
     for bench in benches:
         run_bench(bench, extra_cells=top_p_cells(plan(bench), config.top_p))
-        results += analyse(ResultsStore(bench.out).records, config.top_p)
+        results += analyse(ResultsStore(bench.out).records)
     return write_tournament(Path(config.out), results, config)
 
 
@@ -170,7 +170,7 @@ def _outcomes(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def analyse(records: Sequence[dict[str, Any]], top_p: float) -> list[dict[str, Any]]:
+def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One result per (dataset, temperature) group of the records: rows, Pareto set and verdict."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for entry in _outcomes(records).values():
@@ -180,7 +180,11 @@ def analyse(records: Sequence[dict[str, Any]], top_p: float) -> list[dict[str, A
 
 
 def _group(dataset: str, temperature: float, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    named = {row_name(e["cell"]): e for e in entries}
+    named: dict[str, dict[str, Any]] = {}
+    for e in entries:  # the seeds of one row pool (outcome keys are example#seed)
+        row = named.setdefault(row_name(e["cell"]), {"cell": e["cell"], "timing": {}, "quality": {}})
+        row["timing"].update(e["timing"])
+        row["quality"].update(e["quality"])
     ar, top_p_ar = named.get("ar"), named.get(TOP_P_AR)
     rows = []
     for name, e in named.items():
