@@ -11,7 +11,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from relaxspec.acceptance import (
     Exact,
@@ -27,6 +26,7 @@ from relaxspec.acceptance import (
     verify,
 )
 from relaxspec.errors import RelaxSpecError
+from relaxspec.testing import law_chi2_pvalue as chi2_pvalue
 from relaxspec.theory import emitted_distribution
 
 
@@ -259,17 +259,6 @@ LAWS = {
 # Laws for positions 2.. so that an indexing mistake shows up in the position-1 marginal.
 OTHER_P = [0.05, 0.05, 0.1, 0.1, 0.2, 0.2, 0.15, 0.15]
 OTHER_Q = [0.4, 0.05, 0.05, 0.1, 0.1, 0.1, 0.1, 0.1]
-
-
-def chi2_pvalue(counts: torch.Tensor, law: torch.Tensor) -> float:
-    """Chi-square goodness of fit of counts to law; asserts no counts outside the support."""
-    law = law.double()
-    support = law > 1e-7
-    assert counts[~support].sum() == 0, f"emitted tokens outside the support: {counts.tolist()}"
-    if support.sum() == 1:
-        return 1.0  # a point mass: the support check above is the whole test
-    expected = law[support] / law[support].sum() * counts[support].sum()
-    return float(stats.chisquare(counts[support].double().numpy(), expected.numpy()).pvalue)
 
 
 def emitted_tokens(tokens: torch.Tensor, verdict: Verdict, position: int) -> torch.Tensor:

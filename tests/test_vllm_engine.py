@@ -100,6 +100,22 @@ def test_relaxed_rule_accepts_more_and_is_counted(ours):
     assert tau(nsd) >= tau(exact)
 
 
+def test_peer_rules_at_exact_settings_decode_as_sd_and_relaxed_accept_more(ours):
+    """Greedy, per request: threshold single = acc = 1 and fly with an unreachable entropy threshold
+    give the plugin's sd tokens (topk-delta at δ = 0 would, but for bf16 ties at the top, as nsd
+    above); relaxed settings of all three accept drafts exact SD rejects (counted)."""
+    want = [r.tokens for r in ours.generate(PROMPTS, max_new_tokens=TOKENS)]
+    for rule in ({"rule": "threshold", "single": 1.0, "acc": 1.0}, {"rule": "fly", "entropy_threshold": 1e9}):
+        assert [r.tokens for r in ours.generate(PROMPTS, max_new_tokens=TOKENS, rule=rule)] == want, rule
+    for rule in (
+        {"rule": "threshold", "single": 0.2},
+        {"rule": "topk-delta", "top_n": 4, "delta": 0.5},
+        {"rule": "fly", "window": 1, "entropy_threshold": 0.0},
+    ):
+        relaxed = ours.generate(PROMPTS, max_new_tokens=TOKENS, rule=rule)
+        assert relaxed[0].stats["plugin"]["relaxed_accepted"] > 0, rule
+
+
 def test_per_request_rules_in_one_batch_behave_as_alone(ours):
     prompts = PROMPTS[:2]
     rules = [{"rule": "sd"}, {"rule": "nsd", "theta": 0.9}]

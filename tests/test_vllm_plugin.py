@@ -408,3 +408,145 @@ def test_plugin_entry_point_declared():
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert eps.get("relaxspec") == "relaxspec.integrations.vllm:register"
     assert os.environ.get("RELAXSPEC_VLLM_DISABLE") != "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# The other engines' rules per request (issue 31) and strict vllm_xargs (issue 35)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_peer_rules_at_exact_settings_are_greedy_token_identical():
+    """threshold single = acc = 1, topk-delta δ = 0 (a unique mode), fly with an unreachable
+    entropy threshold: the same tokens as sd on greedy rows; relaxed settings accept more."""
+    torch.manual_seed(3)
+    rows = [[int(t) for t in torch.randint(0, V, (5,))] for _ in range(60)]
+    p = [torch.softmax(torch.randn(5, V) * 2, -1) for _ in rows]
+    for b in range(0, 60, 2):  # some drafts are the argmax, so windows of accepted drafts occur
+        rows[b][1:] = p[b][1:].argmax(-1).tolist()
+    bonus = [b % V for b in range(60)]
+    md = metadata([0.0] * 60)
+    exact = call(rows, p, None, bonus, md, [RuleChoice("sd")] * 60)
+    for choice in (
+        RuleChoice("threshold", {"single": 1.0, "acc": 1.0}),
+        RuleChoice("topk-delta", {"top_n": 4, "delta": 0.0}),
+        RuleChoice("fly", {"window": 2, "entropy_threshold": 1e9}),
+    ):
+        assert torch.equal(call(rows, p, None, bonus, md, [choice] * 60), exact), choice.label()
+    for choice in (
+        RuleChoice("threshold", {"single": 0.05}),
+        RuleChoice("topk-delta", {"top_n": 4, "delta": 0.5}),
+        RuleChoice("fly", {"window": 1, "entropy_threshold": 0.0}),
+    ):
+        relaxed = call(rows, p, None, bonus, md, [choice] * 60)
+        assert (relaxed != -1).sum() > (exact != -1).sum(), choice.label()
+
+
+def test_fly_deferrals_are_counted_as_relaxed_per_position():
+    torch.manual_seed(4)
+    n = 400
+    rows = [[int(t) for t in torch.multinomial(Q, 4, replacement=True)] for _ in range(n)]
+    p, q = [P.expand(4, V)] * n, [Q.expand(4, V)] * n
+    rejection.COUNTERS.reset()
+    try:
+        gens = {0: torch.Generator().manual_seed(1)}
+        call(rows, p, q, [0] * n, metadata([1.0] * n, gens), [RuleChoice("fly", {"window": 1})] * n)
+        stats = rejection.snapshot()
+    finally:
+        rejection.COUNTERS.reset()
+    assert stats["rows"] == n and stats["drafted_per_pos"] == [n] * 4
+    # tokens accepted beyond exact SD's prefix on the same uniforms, position by position
+    assert sum(stats["relaxed_per_pos"]) > 0
+    assert all(r <= a for r, a in zip(stats["relaxed_per_pos"], stats["accepted_per_pos"], strict=True))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"rule": "nsd", "theta": True}, "theta must be a number, got true"),
+        ({"theta": False}, "theta must be a number"),
+        ({"rule": "topk", "accept_k": True}, "accept_k must be a number"),
+        ({"rule": "typical", "epsilon": True}, "epsilon must be a number"),
+        ({"rule": "lenience", "ell": True}, "ell must be a number"),
+        ({"rule": "fly", "window": True}, "window must be a number"),
+        ({"rule": True}, "rule must be a rule name, got true"),
+        ({"rule": "gate"}, "not offered per request"),
+        ({"rule": "prove", "theta": 0.1}, "not offered per request"),
+        ({"rule": "topk-delta", "top_n": 0}, "top_n must be an integer"),
+        ({"rule": "topk-delta", "delta": 1.5}, "delta must be a number in [0, 1]"),
+        ({"rule": "threshold", "single": 0}, "single must be a number in (0, 1]"),
+        ({"rule": "threshold", "acc": 2}, "acc must be a number in (0, 1]"),
+        ({"single": 0.5, "window": 2}, "belong to different rules"),
+        ({"rule": "fly", "window": 0}, "window must be an integer"),
+        ({"rule": "fly", "window": 2.5}, "window must be an integer"),
+        ({"rule": "fly", "entropy_threshold": -0.1}, "entropy_threshold must be a number ≥ 0"),
+        ({"rule": "fly", "entropy_top_k": 0}, "entropy_top_k must be an integer"),
+    ],
+)
+def test_request_xargs_are_strict(args, message):
+    from relaxspec.integrations.vllm.rules import check_request
+
+    with pytest.raises(RelaxSpecError) as err:
+        check_request(args, RuleChoice())
+    assert message in str(err.value)
+
+
+def test_request_xargs_name_the_new_rules_and_gate_only_on_a_gate_server():
+    from relaxspec.acceptance import FLy, Gate, Threshold, TopKDelta
+    from relaxspec.integrations.vllm.rules import check_request
+
+    assert check_request({"rule": "topk-delta", "delta": 0.2}, RuleChoice()).rule(True) == TopKDelta(
+        3, 0.2, greedy=True
+    )
+    assert check_request({"single": 0.4}, RuleChoice()).rule(False) == Threshold(0.4, 1.0)
+    assert check_request({"rule": "fly", "window": "2"}, RuleChoice()).rule(False) == FLy(2, 0.3, 3)
+    assert check_request({"entropy_top_k": 5.0}, RuleChoice()).rule(False) == FLy(None, 0.3, 5)
+    served = RuleChoice("gate", {"theta": 0.05})
+    assert check_request({"rule": "gate", "theta": 0.2}, served).rule(False) == Gate(0.2)
+    assert check_request({}, served) == served
+    assert choice_from_args({"rule": "gate"}).name == "gate"  # in-process callers may name it
+
+
+def test_http_vllm_xargs_validated_as_sent():
+    """vLLM's request model reads JSON true as 1 (str | int | float); the plugin's before-validator
+    sees the raw value, so `theta: true` and `rule: gate` are a 400 through vLLM's handlers."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
+
+    was = plugin.is_registered()
+    try:
+        plugin.register()
+        app = FastAPI()
+        app.state.args = SimpleNamespace(log_error_stack=False)
+        init_exception_handler(app)
+
+        async def complete(request):  # type: ignore[no-untyped-def]
+            return {"xargs": request.vllm_xargs}
+
+        complete.__annotations__ = {"request": CompletionRequest}  # a class, not this module's string
+        app.post("/v1/completions")(complete)
+
+        client = TestClient(app)
+        body = {"model": "m", "prompt": "w1"}
+        for xargs, message in (
+            ({"rule": "nsd", "theta": True}, "theta must be a number, got true"),
+            ({"rule": "gate"}, "not offered per request"),
+            ({"rule": "fly", "window": 0}, "window must be an integer"),
+        ):
+            r = client.post("/v1/completions", json={**body, "vllm_xargs": xargs})
+            assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+        ok = client.post("/v1/completions", json={**body, "vllm_xargs": {"rule": "fly", "window": 2}})
+        assert ok.status_code == 200 and ok.json()["xargs"] == {"rule": "fly", "window": 2}
+        other = client.post("/v1/completions", json={**body, "vllm_xargs": {"someone_else": True}})
+        assert other.status_code == 200  # keys of other plugins are not ours to judge
+        plugin.unregister()
+        r = client.post("/v1/completions", json={**body, "vllm_xargs": {"theta": True}})
+        assert r.status_code == 200  # stock behaviour where the plugin is not registered
+    finally:
+        if was:
+            plugin.register()
+        else:
+            plugin.unregister()

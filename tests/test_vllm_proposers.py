@@ -499,6 +499,11 @@ def test_server_serves_our_proposers(method, flags, tmp_path):
         assert relaxed.status_code == 200 and relaxed.json()["choices"][0]["text"]
         bad = httpx.post(f"{base}/v1/completions", json={**body, "vllm_xargs": {"rule": "gate", "theta": -1}})
         assert bad.status_code == 400
+        # vllm_xargs as sent (issue 35): JSON true is not the number 1; gate is not this server's rule
+        strict = (({"rule": "nsd", "theta": True}, "got true"), ({"rule": "gate"}, "not offered"))
+        for xargs, message in strict:
+            bad = httpx.post(f"{base}/v1/completions", json={**body, "vllm_xargs": xargs})
+            assert bad.status_code == 400 and message in bad.json()["error"]["message"], bad.text
         metrics = httpx.get(f"{base}/metrics", timeout=10).text
         drafted = [line for line in metrics.splitlines() if line.startswith("relaxspec_drafts_total")]
         assert drafted and any(float(line.split()[-1]) > 0 for line in drafted)

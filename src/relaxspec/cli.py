@@ -107,7 +107,7 @@ METHOD_FLAGS: dict[str, tuple[type, str]] = {
     "theta": (float, "nucleus threshold θ (nsd; sdd accept=nucleus) / gate θ (prove)"),
     "accept_k": (int, "accept drafts among the target's top-k (topk)"),
     "epsilon": (float, "typical acceptance ε"),
-    "delta": (float, "typical acceptance δ"),
+    "delta": (float, "typical acceptance δ; topk-delta δ"),
     "ell": (float, "lenience ℓ"),
     "block_size": (int, "tokens per block proposal (mars, prove, prove-lossless)"),
     "tau": (float, "confidence threshold τ (mars; sdd-skip)"),
@@ -201,7 +201,10 @@ def _parse_value(text: str) -> Any:
 
 
 @app.command()
-@with_method_options("nsd", "ar, sd, nsd, topk, typical, lenience, mars, prove, prove-lossless, sdd*")
+@with_method_options(
+    "nsd",
+    "ar, sd, nsd, topk, typical, lenience, topk-delta, threshold, fly, mars, prove, prove-lossless, sdd*",
+)
 def generate(
     prompt: Annotated[str, typer.Argument(help="prompt text")],
     temperature: float = 1.0,
@@ -782,6 +785,56 @@ def bench_cmd(
     with busy_neighbours(busy_neighbour):
         _configure_threads(threads, engine)  # after the neighbours start: they are not ours
         run_bench(config)
+
+
+@app.command("tournament")
+def tournament_cmd(
+    dataset: Annotated[
+        str, typer.Option(help="datasets (comma-separated), e.g. math,synthcode-combos")
+    ] = "math",
+    temperatures: Annotated[str, typer.Option(help="comma-separated temperatures, one grid each")] = "0,1",
+    rules: Annotated[str, typer.Option(help="relaxed rules to sweep (comma-separated)")] = (
+        "nsd,topk,typical,lenience,topk-delta,threshold,fly"
+    ),
+    limit: Annotated[int, typer.Option(help="prompts per dataset")] = 20,
+    seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0",
+    k: Annotated[int, typer.Option(help="draft length of every speculative row")] = 4,
+    top_p: Annotated[float, typer.Option(help="top-p of the plain top-p AR baseline (T > 0)")] = 0.95,
+    max_new_tokens: int = 128,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    out: Annotated[Path, typer.Option(help="results directory (re-running resumes it)")] = Path(
+        "results/tournament"
+    ),
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+) -> None:
+    """Every relaxed rule over a grid of its parameter beside greedy AR, top-p AR and exact SD on
+    the same models, prompts and seeds: table, speed–quality frontier plot, JSON and a verdict per
+    dataset and temperature (docs/relaxed-rules.md)."""
+    from relaxspec.eval.bench import parse_models, parse_seeds, split_list
+    from relaxspec.eval.tournament import TournamentConfig, run_tournament
+
+    try:
+        temps = [float(t) for t in split_list(temperatures)]
+    except ValueError:
+        raise RelaxSpecError(
+            f"--temperatures expects comma-separated numbers, got {temperatures!r}"
+        ) from None
+    config = TournamentConfig(
+        datasets=split_list(dataset),
+        temperatures=temps,
+        rules=split_list(rules),
+        limit=limit,
+        seeds=parse_seeds(seeds),
+        k=k,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        models=parse_models(target, draft, []),
+        out=str(out),
+        progress=progress,
+        command=shlex.join(["relaxspec", *sys.argv[1:]]),
+    )
+    run_tournament(config)
 
 
 @app.command("report")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical, nsd_rule
+from relaxspec.core.peer_rules import FLy, Threshold, TopKDelta
 from relaxspec.engine import Engine
 from relaxspec.engine.packed import KERNELS
 from relaxspec.engine.packed import attach as attach_kernels
@@ -211,6 +212,50 @@ register(
         "lenient acceptance min(1, p/(ℓq)); sampling only",
         {"ell": 0.5},
         lambda p: (Lenience(p["ell"]), None),
+    )
+)
+
+# --- The other engines' relaxed rules (core/peer_rules.py; issue 31) ------------------------------
+# Their defaults are moderate relaxations to start a sweep from (relaxspec bench --set), not tuned.
+
+register(
+    draft_model_method(
+        "topk-delta",
+        "TensorRT-LLM relaxed acceptance: also accept drafts in the target's top_n within delta of its top p",
+        {"top_n": 3, "delta": 0.1},
+        lambda p: (TopKDelta(p["top_n"], p["delta"]), TopKDelta(p["top_n"], p["delta"], greedy=True)),
+    )
+)
+register(
+    draft_model_method(
+        "threshold",
+        "SGLang accept thresholds: accept if p ≥ single, else with probability min(1, p/(acc·q))",
+        {"single": 0.5, "acc": 1.0},
+        lambda p: (Threshold(p["single"], p["acc"]), Threshold(p["single"], p["acc"], greedy=True)),
+    )
+)
+
+
+def _fly_rules(p: dict[str, Any]) -> tuple[Rule, Rule]:
+    """FLy's (sampling, greedy) rules; a window that reaches past the draft block defers nothing
+    (``window`` None: ``min(6, K − 1)`` per cycle, vLLM's default)."""
+    if p["k"] == 1:
+        raise RelaxSpecError("fly needs k ≥ 2: it defers a rejection on the evidence of later drafts")
+    if _is_int(p["window"]) and _is_int(p["k"]) and p["window"] >= p["k"]:
+        raise RelaxSpecError(
+            f"window ({p['window']}) must be smaller than k ({p['k']}): FLy defers a rejection only "
+            "when the whole window of later drafts lies inside the block"
+        )
+    args = (p["window"], p["entropy_threshold"], p["entropy_top_k"])
+    return FLy(*args), FLy(*args, greedy=True)
+
+
+register(
+    draft_model_method(
+        "fly",
+        "FLy: keep a rejected draft at a high-entropy position if the next window drafts are accepted",
+        {"window": None, "entropy_threshold": 0.3, "entropy_top_k": 3},
+        _fly_rules,
     )
 )
 

@@ -191,6 +191,20 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], expected: dict[tuple[int, 
     return float(chisquare(obs, exp).pvalue)
 
 
+def law_chi2_pvalue(counts: torch.Tensor, law: torch.Tensor) -> float:
+    """Chi-square goodness of fit of token ``counts[V]`` to a ``law[V]`` (needs scipy); asserts no
+    counts fall outside the law's support (a point mass: that check is the whole test, p = 1)."""
+    from scipy.stats import chisquare
+
+    law = law.double()
+    support = law > 1e-7
+    assert counts[~support].sum() == 0, f"counts outside the support: {counts.tolist()}"
+    if support.sum() == 1:
+        return 1.0
+    expected = law[support] / law[support].sum() * counts[support].sum()
+    return float(chisquare(counts[support].double().numpy(), expected.numpy()).pvalue)
+
+
 def exact_joint(
     model: LlamaForCausalLM, prompt_ids: list[int], params, n_tokens: int
 ) -> dict[tuple[int, ...], float]:

@@ -254,6 +254,14 @@ class AcceptanceRule(Rule):
         in_set_tok = None if in_set is None else in_set.gather(-1, idx).squeeze(-1)
         return self.h(p.gather(-1, idx).squeeze(-1), q_tok, in_set_tok)
 
+    def defer(self, native: Tensor, p_draft: Tensor, p_tok: Tensor) -> Tensor:
+        """The accept mask from the element-wise decisions: unchanged for every rule but one whose
+        decision at a position also reads later positions of the same block (``FLy``).
+
+        native: [B, K] bool; p_draft: [B, K, V]; p_tok: [B, K] -> [B, K] bool.
+        """
+        return native
+
     def recovery_distribution(self, p: Tensor, q: Tensor | None, h: Tensor) -> Tensor:
         """Law of the token emitted after a rejection: ``norm((p − q·h)⁺)`` or ``onehot(argmax p)``.
 
@@ -482,7 +490,8 @@ def check_distribution(x: Tensor, name: str) -> Tensor:
 def _check_rule_and_shapes(rule: Rule, draft_tokens: Tensor, target_probs: Tensor) -> None:
     require(
         isinstance(rule, AcceptanceRule | Gate),
-        f"rule must be an acceptance rule (Exact, Nucleus, TopK, Typical, Lenience, Greedy, Gate), "
+        f"rule must be an acceptance rule (Exact, Nucleus, TopK, Typical, Lenience, TopKDelta, "
+        f"Threshold, FLy, Greedy, Gate), "
         f"got {type(rule).__name__}",
     )
     require(
@@ -672,7 +681,7 @@ def verify_unchecked(
     if rule.is_greedy:
         # h ∈ {0, 1}: no uniforms needed. Recovered and bonus token are both argmax p_j.
         assert in_set_tok is not None
-        accept_mask = in_set_tok
+        accept_mask = rule.defer(in_set_tok, p_draft, p_tok)
         accepted = _prefix_length(accept_mask)
         next_token = p.argmax(dim=-1).gather(-1, accepted.unsqueeze(-1)).squeeze(-1)
         exact_mask = _argmax_match(tokens, p)
@@ -680,7 +689,7 @@ def verify_unchecked(
         assert q is not None and q.shape == p_draft.shape
         q_tok = _gather_last(q, tokens)
         u = torch.rand((B, K), dtype=torch.float64, generator=generator, device=p.device)
-        accept_mask = u < rule.h(p_tok, q_tok, in_set_tok).double()
+        accept_mask = rule.defer(u < rule.h(p_tok, q_tok, in_set_tok).double(), p_draft, p_tok)
         exact_mask = u < Exact().h(p_tok, q_tok, None).double()
         accepted = _prefix_length(accept_mask)
         next_token = _sample_next(rule, p, q, in_set, accepted, generator)

@@ -11,6 +11,7 @@ Tensor functions take ``[..., V]`` and reduce the last dim.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from relaxspec.core.acceptance import (
     check_distribution,
     nucleus_mask,
 )
+from relaxspec.core.peer_rules import FLy, Threshold, TopKDelta
 from relaxspec.errors import require
 
 __all__ = [
@@ -37,6 +39,9 @@ __all__ = [
     "coupling_bound",
     "emitted_distribution",
     "excess_in_nucleus",
+    "fly_block_law",
+    "peer_emitted_law",
+    "peer_excess",
     "position_report",
     "rejection_mass",
     "total_variation",
@@ -59,7 +64,13 @@ def _check_rule(rule: Rule) -> AcceptanceRule:
     )
     require(
         isinstance(rule, AcceptanceRule),
-        f"rule must be one of Exact, Nucleus, TopK, Typical, Lenience, Greedy, got {type(rule).__name__}",
+        f"rule must be one of Exact, Nucleus, TopK, Typical, Lenience, TopKDelta, Threshold, Greedy, "
+        f"got {type(rule).__name__}",
+    )
+    require(
+        not isinstance(rule, FLy),
+        "FLy has no single-step law: its decision at a position reads the later drafts of its window; "
+        "use fly_block_law (exact enumeration over the block)",
     )
     return rule
 
@@ -177,3 +188,129 @@ def position_report(p: Tensor, q: Tensor, theta: float) -> dict[str, Tensor]:
         "nsd_acceptance": acceptance_rate(rule, p, q),
         "nucleus_size": nucleus_mask(p, theta).sum(dim=-1),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The other engines' rules (core/peer_rules.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _peer_accepted(rule: TopKDelta | Threshold, p: Tensor, q: Tensor) -> Tensor:
+    """Accepted mass ``a = q·h`` written from each rule's own definition (not through ``h``).
+
+    TopKDelta: ``a = q`` on ``S = {rank_p < N, p ≥ max p − δ, p > 0}``, ``min(p, q)`` elsewhere.
+    Threshold: ``a = q`` on ``{p ≥ single, p > 0}``, ``min(q, p/acc)`` elsewhere. p, q: [..., V].
+    """
+    if isinstance(rule, TopKDelta):
+        rank = (p.unsqueeze(-2) > p.unsqueeze(-1)).sum(-1)  # #{y: p(y) > p(x)}; O(V²), small V
+        member = (rank < rule.top_n) & (p >= p.amax(-1, keepdim=True) - rule.delta) & (p > 0)
+        return torch.where(member, q, torch.minimum(p, q))
+    member = (p >= rule.single) & (p > 0)
+    return torch.where(member, q, torch.minimum(q, p / rule.acc))
+
+
+def _check_peer(rule: Rule) -> TopKDelta | Threshold:
+    require(
+        isinstance(rule, TopKDelta | Threshold) and not rule.is_greedy,
+        f"a closed form is given for sampling-mode TopKDelta and Threshold, got {rule!r}",
+    )
+    return rule
+
+
+def peer_excess(rule: TopKDelta | Threshold, p: Tensor, q: Tensor) -> Tensor:
+    """Closed-form extra acceptance ``E = Σ (a − p)⁺`` of TopKDelta / Threshold; ``E = TV(e, p)``.
+
+    TopKDelta: ``E = Σ_{x ∈ S} (q − p)⁺`` (NSD's excess with the top-N-within-δ set).
+    Threshold: ``E = Σ_{p ≥ single} (q − p)⁺ + Σ_{p < single} (min(q, p/acc) − p)⁺``.
+    Why TV: ``h ≥ min(1, p/q)`` for both, so ``a = q`` where ``p ≥ q``, the residual is
+    ``(p − q)⁺`` (mass R = TV(p, q)), ``ρ = R − E``, and ``e − p = (a − p)⁺ − (E/R)(p − q)⁺``.
+    p, q: [..., V] -> [...].
+    """
+    rule = _check_peer(rule)
+    p, q = _check_pair(p, q)
+    return (_peer_accepted(rule, p, q) - p).clamp_min(0.0).sum(-1)
+
+
+def peer_emitted_law(rule: TopKDelta | Threshold, p: Tensor, q: Tensor) -> Tensor:
+    """Closed-form single-step law ``e = a + (1 − E/R)·(p − q)⁺`` (``e = p`` where ``R = 0``).
+
+    p, q: [..., V] -> [...,V]; see :func:`peer_excess` for ``a``, ``E`` and ``R``.
+    """
+    rule = _check_peer(rule)
+    p, q = _check_pair(p, q)
+    accepted = _peer_accepted(rule, p, q)
+    excess = (accepted - p).clamp_min(0.0).sum(-1, keepdim=True)
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    scale = torch.where(mass > 0, 1.0 - excess / mass.clamp_min(1e-30), 0.0)
+    return accepted + scale * residual
+
+
+# Enumeration bound of fly_block_law: draft blocks × native decision patterns.
+FLY_ENUMERATION_LIMIT = 200_000
+
+
+def fly_block_law(rule: FLy, p: Tensor, q: Tensor | None) -> dict[str, Tensor]:
+    """FLy's laws over one block by exact enumeration (small V and K).
+
+    Drafts ``d_i ~ q_i`` independently (p and q fixed per position, as :func:`verify` sees them);
+    native decisions ``b_i ~ Bernoulli(min(1, p_i(d_i)/q_i(d_i)))`` (greedy: ``d_i = argmax p_i``);
+    FLy's deferral written out position by position, independent of ``FLy.defer``.
+
+    p: [K+1, V], q: [K, V] (None for a greedy rule, whose drafts are then every d ∈ V^K with weight 1
+    each: the result is a count, not a law). Returns ``accepted`` [K+1], the law of the accepted
+    length, and ``first`` [V], the law of the first emitted token (``d_1`` if accepted, else the
+    recovery draw at position 1: ``norm((p_1 − q_1)⁺)``, greedy ``argmax p_1``).
+    """
+    require(isinstance(rule, FLy), f"fly_block_law takes a FLy rule, got {rule!r}")
+    p = check_distribution(p, "p").double()
+    require(p.dim() == 2 and p.shape[0] >= 2, "p must have shape [K+1, V] with K ≥ 1")
+    K, V = p.shape[0] - 1, p.shape[1]
+    if not rule.is_greedy:
+        require(q is not None, "a sampling-mode FLy rule needs q")
+        q = check_distribution(q, "q").double()
+        require(tuple(q.shape) == (K, V), f"q must have shape [K, V] = [{K}, {V}], got {list(q.shape)}")
+    require(V**K * 2**K <= FLY_ENUMERATION_LIMIT, f"V^K·2^K = {V**K * 2**K} is too many to enumerate")
+    top = min(rule.entropy_top_k, V)
+    entropy = [float(torch.special.entr(p[i].topk(top).values).sum()) for i in range(K)]
+    high = [e >= rule.entropy_threshold for e in entropy]
+    window = rule.window_for(K)
+    accepted = torch.zeros(K + 1, dtype=torch.float64)
+    first = torch.zeros(V, dtype=torch.float64)
+    recovery = argmax_mask(p[0]).double() if rule.is_greedy else _exact_residual(p[0], q[0])  # type: ignore[index]
+    for drafts in itertools.product(range(V), repeat=K):
+        if rule.is_greedy:
+            weight, rate = 1.0, [float(p[i].argmax() == d) for i, d in enumerate(drafts)]
+        else:
+            weight = math.prod(float(q[i, d]) for i, d in enumerate(drafts))  # type: ignore[index]
+            rate = [min(1.0, float(p[i, d] / q[i, d])) if q[i, d] > 0 else 0.0 for i, d in enumerate(drafts)]  # type: ignore[index]
+        if weight == 0:
+            continue
+        for native in itertools.product((0, 1), repeat=K):
+            w = weight * math.prod(r if b else 1 - r for r, b in zip(rate, native, strict=True))
+            if w == 0:
+                continue
+            keep = [
+                bool(native[i])
+                or (
+                    window >= 1
+                    and i + window < K
+                    and high[i]
+                    and float(p[i, d]) > 0
+                    and all(native[i + 1 : i + 1 + window])
+                )
+                for i, d in enumerate(drafts)
+            ]
+            n = next((i for i, k in enumerate(keep) if not k), K)
+            accepted[n] += w
+            if n >= 1:
+                first[drafts[0]] += w
+            else:
+                first += w * recovery
+    return {"accepted": accepted, "first": first}
+
+
+def _exact_residual(p: Tensor, q: Tensor) -> Tensor:
+    """``norm((p − q)⁺)``, ``p`` where that has no mass. p, q: [V] -> [V]."""
+    residual = (p - q).clamp_min(0.0)
+    return residual / residual.sum() if float(residual.sum()) > 0 else p

@@ -381,9 +381,8 @@ class Engine:
         """Record a verified cycle of ``k`` drafts (per-position acceptance, acceptances owed to
         the relaxation, the draft-length policy); returns the accepted count."""
         accepted = int(verdict.accepted[0])
-        if verdict.exact_accepted is not None:
-            stats.accepted_by_relaxation += max(0, accepted - int(verdict.exact_accepted[0]))
-        stats.record_positions(k, accepted)
+        exact = None if verdict.exact_accepted is None else int(verdict.exact_accepted[0])
+        stats.record_positions(k, accepted, exact)  # per position, and the relaxation's share
         if self.draft_length is not None:
             self.draft_length.observe(k, accepted)
         return accepted

@@ -28,7 +28,9 @@ class GenerationStats:
     ``position_proposed[i]`` / ``position_accepted[i]``: how often draft position i+1 was verified
     and how often it was accepted (vLLM's per-position acceptance). ``accepted_by_relaxation``:
     accepted draft tokens beyond the prefix the ``Exact`` rule would have accepted under the same
-    uniforms (greedy rules: beyond the argmax-matching prefix) — the tokens a relaxed rule gains.
+    uniforms (greedy rules: beyond the argmax-matching prefix) — the tokens a relaxed rule gains;
+    ``position_relaxed[i]``: how often draft position i+1 was one of them (vLLM's
+    ``relaxed_per_pos``).
 
     Shadow audit of skipped rounds (VS paper §3; ``Engine(shadow=...)``): ``shadow_rounds`` skipped
     rounds audited, ``shadow_agreed_tokens`` = Σ min(K_b, L_b) and ``shadow_full_prefix`` = #{L_b ≥ K_b}
@@ -49,6 +51,7 @@ class GenerationStats:
     shadow_full_prefix: int = 0
     position_proposed: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
+    position_relaxed: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -93,15 +96,21 @@ class GenerationStats:
             a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed, strict=True)
         ]
 
-    def record_positions(self, proposed: int, accepted: int) -> None:
+    def record_positions(self, proposed: int, accepted: int, exact: int | None = None) -> None:
+        """One verified cycle: ``proposed`` drafts, the first ``accepted`` accepted, of which those
+        from ``exact`` on (the strict rule's prefix on the same draws) only by the relaxation."""
         grow = proposed - len(self.position_proposed)
         if grow > 0:
             self.position_proposed += [0] * grow
             self.position_accepted += [0] * grow
+        self.position_relaxed += [0] * (len(self.position_proposed) - len(self.position_relaxed))
         for i in range(proposed):
             self.position_proposed[i] += 1
         for i in range(accepted):
             self.position_accepted[i] += 1
+        for i in range(accepted if exact is None else min(exact, accepted), accepted):
+            self.position_relaxed[i] += 1
+            self.accepted_by_relaxation += 1
 
     def merge(self, other: GenerationStats) -> GenerationStats:
         """Sum of two stats: counters and seconds added, per-position lists added element-wise."""

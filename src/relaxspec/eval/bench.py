@@ -454,12 +454,14 @@ def check_baseline(baseline: str, cells: Sequence[Cell]) -> None:
         )
 
 
-def run_bench(config: BenchConfig) -> dict[str, Any]:
+def run_bench(config: BenchConfig, extra_cells: Sequence[Cell] = ()) -> dict[str, Any]:
     """Run (or resume) the grid; write records, JSON, CSV and Markdown to ``config.out``.
 
-    Returns ``{"rows": [...], "out": path}`` for the whole results directory.
+    ``extra_cells``: cells beyond the grid of ``config`` (e.g. the tournament's top-p AR, whose
+    sampling differs from the grid's). Returns ``{"rows": [...], "out": path}`` for the whole
+    results directory.
     """
-    cells = plan(config)
+    cells = plan(config) + list(extra_cells)
     check_baseline(config.baseline, cells)
     examples = {d: load_examples(d, config.limit) for d in config.datasets}
     store = ResultsStore(config.out)

@@ -188,7 +188,7 @@ def _install() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from relaxspec.integrations.vllm import rejection
-    from relaxspec.integrations.vllm.rules import choice_from_args
+    from relaxspec.integrations.vllm.rules import check_request_models, choice_from_args
 
     # 1. The acceptance step.
     _patch(rs, "rejection_sample", rejection.relaxed_rejection_sample)
@@ -230,6 +230,8 @@ def _install() -> None:
             raise VLLMValidationError(f"vllm_xargs: {err}", parameter="vllm_xargs") from None
 
     _patch(SamplingParams, "_verify_extra_args", _verify_extra_args)
+    # HTTP vllm_xargs as sent: no booleans, gate only where served (.rules.check_request)
+    check_request_models(lambda: rejection.default_rule() if is_registered() else None)
 
     # 5. Seeded probabilistic drafts.
     original_draft_sample = proposer_mod.compute_probs_and_sample_next_token

@@ -122,9 +122,9 @@ class VLLMEngine:
     """A vLLM engine for one (method family, proposer, k): ``ar``, or speculative decoding with any rule.
 
     method: ``ar`` or a rule name (``sd``, ``nsd``, ``topk``, ``typical``, ``lenience``,
-    ``greedy``, ``gate``; aliases ``exact``, ``nucleus``, ``prove``) — the default rule of this
-    engine's requests; rule parameters as keywords (``theta``, ``accept_k``, ``epsilon``, ``delta``,
-    ``ell``).
+    ``topk-delta``, ``threshold``, ``fly``, ``greedy``, ``gate``; aliases ``exact``, ``nucleus``,
+    ``prove``) — the default rule of this engine's requests; rule parameters as keywords
+    (:data:`~relaxspec.integrations.vllm.rules.PARAM_KEYS`).
 
     proposer: ``draft`` (vLLM's draft-model proposer, ``draft`` = a causal LM), ``block`` (a MARS
     block proposer through vLLM's parallel drafting, ``draft`` = the block model, ``k`` ≤ its

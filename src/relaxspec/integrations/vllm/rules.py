@@ -19,12 +19,25 @@ Vocabulary (method names as in :mod:`relaxspec.methods`; rule names are aliases)
 ``typical``    —               ``Typical(ε, δ)`` / greedy variant         ``epsilon`` (0.09), ``delta`` (0.3)
 ``lenience``   —               ``Lenience(ℓ)`` / ``Lenience(ℓ, greedy)``  ``ell`` (0.5)
 ``greedy``     —               ``Greedy()`` at every temperature          —
+``topk-delta`` ``topk_delta``  ``TopKDelta(N, δ)`` / greedy variant       ``top_n`` (3), ``delta`` (0.1)
+``threshold``  —               ``Threshold(s, a)`` / greedy variant       ``single`` (0.5), ``acc`` (1.0)
+``fly``        —               ``FLy(W, H, k)`` / greedy variant          ``window`` (min(6, K−1)),
+                                                                          ``entropy_threshold`` (0.3),
+                                                                          ``entropy_top_k`` (3)
 ``gate``       ``prove``       ``Gate(θ)`` at every temperature           ``theta`` (0.05)
 =============  ==============  =========================================  =====================
 
-``gate`` is ProVe's product gate ``q(d_i)·p(d_i) ≥ θ`` (first draft always accepted, no corrected
-token): it needs the proposer's real ``q`` — the block drafter hands it over at every temperature
-(:mod:`.proposers`); with a proposer that gives none, ``q`` is one-hot and the gate reads ``p(d_i) ≥ θ``.
+The defaults of ``topk-delta``, ``threshold`` and ``fly`` are those of the method presets of the
+same names (:mod:`relaxspec.methods`). ``gate`` is ProVe's product gate ``q(d_i)·p(d_i) ≥ θ``
+(first draft always accepted, no corrected token): it needs the proposer's real ``q`` — the block
+drafter hands it over at every temperature (:mod:`.proposers`); with a proposer that gives none,
+``q`` is one-hot and the gate reads ``p(d_i) ≥ θ``.
+
+An HTTP request's ``vllm_xargs`` (:func:`check_request`) is held to the documented set: every rule
+above but ``gate``, which only a server started with ``--method prove`` (its default rule) takes;
+and a value of ``true``/``false`` is refused for every relaxspec key (vLLM's request model would
+otherwise read ``true`` as the number 1). In-process callers (``SamplingParams.extra_args``,
+:class:`~relaxspec.integrations.vllm.offline.VLLMEngine`) may name ``gate``.
 """
 
 from __future__ import annotations
@@ -32,15 +45,23 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Rule, TopK, Typical, nsd_rule
+from relaxspec.core.peer_rules import FLy, Threshold, TopKDelta
 from relaxspec.errors import RelaxSpecError
+from relaxspec.methods import get_method
 
 ENV_RULE = "RELAXSPEC_VLLM_RULE"
 RULE_KEY = "rule"
+
+
+def _preset_defaults(method: str) -> dict[str, Any]:
+    """The rule parameters of a method preset with their defaults (its ``k`` is the server's)."""
+    return {name: value for name, value in get_method(method).params.items() if name != "k"}
+
 
 # name -> (parameter defaults, factory(params, greedy) -> rule)
 _RULES: dict[str, tuple[dict[str, Any], Any]] = {
@@ -54,13 +75,46 @@ _RULES: dict[str, tuple[dict[str, Any], Any]] = {
     "lenience": ({"ell": 0.5}, lambda p, g: Lenience(p["ell"], greedy=g)),
     "greedy": ({}, lambda p, g: Greedy()),
     "gate": ({"theta": 0.05}, lambda p, g: Gate(p["theta"])),
+    "topk-delta": (
+        _preset_defaults("topk-delta"),
+        lambda p, g: TopKDelta(p["top_n"], p["delta"], greedy=g),
+    ),
+    "threshold": (_preset_defaults("threshold"), lambda p, g: Threshold(p["single"], p["acc"], greedy=g)),
+    "fly": (
+        _preset_defaults("fly"),
+        lambda p, g: FLy(p["window"], p["entropy_threshold"], p["entropy_top_k"], greedy=g),
+    ),
 }
-ALIASES = {"exact": "sd", "nucleus": "nsd", "top_k": "topk", "top-k": "topk", "prove": "gate"}
+ALIASES = {
+    "exact": "sd",
+    "nucleus": "nsd",
+    "top_k": "topk",
+    "top-k": "topk",
+    "prove": "gate",
+    "topk_delta": "topk-delta",
+}
 RULE_NAMES = tuple(_RULES)
 # Parameter -> the rule it implies when a request gives the parameter without a rule the
-# parameter belongs to (``{"theta": 0.8}`` on an ``sd`` server means nucleus at θ = 0.8).
-_IMPLIED = {"theta": "nsd", "accept_k": "topk", "epsilon": "typical", "delta": "typical", "ell": "lenience"}
+# parameter belongs to (``{"theta": 0.8}`` on an ``sd`` server means nucleus at θ = 0.8; ``delta``
+# alone stays typical's).
+_IMPLIED = {
+    "theta": "nsd",
+    "accept_k": "topk",
+    "epsilon": "typical",
+    "delta": "typical",
+    "ell": "lenience",
+    "top_n": "topk-delta",
+    "single": "threshold",
+    "acc": "threshold",
+    "window": "fly",
+    "entropy_threshold": "fly",
+    "entropy_top_k": "fly",
+}
 PARAM_KEYS = tuple(_IMPLIED)
+# Integer parameters: a JSON 3.0 is read as 3, 3.5 is refused.
+INT_PARAMS = ("accept_k", "top_n", "window", "entropy_top_k")
+# Rules a request may not name in vllm_xargs unless the server's own rule is that rule.
+SERVER_ONLY = ("gate",)
 
 
 def _number(name: str, value: Any) -> Any:
@@ -78,9 +132,9 @@ def _number(name: str, value: Any) -> Any:
         raise RelaxSpecError(f"{name} must be a number, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise RelaxSpecError(f"{name} must be a finite number, got {value!r}")
-    if name == "accept_k" and isinstance(value, float):
+    if name in INT_PARAMS and isinstance(value, float):
         if not value.is_integer():
-            raise RelaxSpecError(f"accept_k must be an integer >= 1, got {value!r}")
+            raise RelaxSpecError(f"{name} must be an integer >= 1, got {value!r}")
         value = int(value)
     return value
 
@@ -145,9 +199,9 @@ class RuleChoice:
 def choice_from_args(args: Mapping[str, Any] | None, default: RuleChoice | None = None) -> RuleChoice:
     """The rule a request asks for in ``extra_args`` (relaxspec's keys only), over ``default``.
 
-    Keys: ``rule`` and the parameters ``theta``, ``accept_k``, ``epsilon``, ``delta``, ``ell``;
-    other keys belong to others and are ignored. A parameter alone switches to the rule it
-    belongs to unless the default rule takes it. Raises ``RelaxSpecError`` on bad values.
+    Keys: ``rule`` and the parameters of :data:`PARAM_KEYS`; other keys belong to others and are
+    ignored. A parameter alone switches to the rule it belongs to unless the default rule takes
+    it. Raises ``RelaxSpecError`` on bad values.
     """
     default = default or RuleChoice()
     args = dict(args or {})
@@ -177,3 +231,83 @@ def default_choice() -> RuleChoice:
     if not isinstance(data, dict):
         raise RelaxSpecError(f'{ENV_RULE} must be a JSON object like {{"rule": "nsd", "theta": 0.9}}')
     return choice_from_args(data)
+
+
+def check_request(args: Mapping[str, Any] | None, default: RuleChoice) -> RuleChoice:
+    """The rule an HTTP request's raw ``vllm_xargs`` asks for, held to the documented set.
+
+    Stricter than :func:`choice_from_args` in two ways: a boolean is refused for ``rule`` and
+    every parameter (JSON ``true`` is not the number 1), and a rule of :data:`SERVER_ONLY`
+    (``gate``) is refused unless it is the server's own rule. Raises ``RelaxSpecError``.
+    """
+    args = dict(args or {})
+    for key in (RULE_KEY, *PARAM_KEYS):
+        value = args.get(key)
+        if isinstance(value, bool) or (isinstance(value, list) and any(isinstance(v, bool) for v in value)):
+            what = "a rule name" if key == RULE_KEY else "a number"
+            raise RelaxSpecError(f"{key} must be {what}, got {json.dumps(value)}")
+    choice = choice_from_args(args, default)
+    if choice.name in SERVER_ONLY and default.name != choice.name:
+        offered = ", ".join(n for n in RULE_NAMES if n not in SERVER_ONLY)
+        raise RelaxSpecError(
+            f"rule {choice.name!r} is not offered per request (it emits no corrected token and needs "
+            f"the block proposer's q): choose one of {offered}, or start the server with --method prove"
+        )
+    return choice
+
+
+# vLLM modules whose request models carry ``vllm_xargs`` (OpenAI completions, chat, responses,
+# Anthropic messages, speech to text).
+PROTOCOL_MODULES = (
+    "vllm.entrypoints.openai.completion.protocol",
+    "vllm.entrypoints.openai.chat_completion.protocol",
+    "vllm.entrypoints.openai.responses.protocol",
+    "vllm.entrypoints.anthropic.protocol",
+    "vllm.entrypoints.speech_to_text.transcription.protocol",
+    "vllm.entrypoints.speech_to_text.translation.protocol",
+)
+
+
+def check_request_models(served: Callable[[], RuleChoice | None]) -> list[type]:
+    """Give vLLM's request models a before-validator on ``vllm_xargs`` that runs
+    :func:`check_request` on the raw value against ``served()`` — the server's rule, or None for
+    no check (the plugin unregistered: stock behaviour) — and rebuild them. Returns the models
+    patched; idempotent (a model keeps its first validator).
+
+    A before-validator sees the JSON as sent: vLLM's field type ``str | int | float`` reads ``true``
+    as 1 before any later check could tell. Routes built after this (vLLM builds its app after
+    loading plugins) validate with it; the error is vLLM's 400 with our message.
+    """
+    import importlib
+
+    from pydantic import BaseModel, BeforeValidator
+
+    def check_raw(value: Any) -> Any:
+        default = served()
+        if default is not None and isinstance(value, Mapping):
+            try:
+                check_request(value, default)
+            except RelaxSpecError as err:
+                raise ValueError(f"vllm_xargs: {err}") from None
+        return value
+
+    check_raw.relaxspec_xargs = True  # type: ignore[attr-defined]
+
+    patched = []
+    for name in PROTOCOL_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # a front end this vLLM build lacks (or its optional dependencies)
+            continue
+        for model in vars(module).values():
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            field = model.model_fields.get("vllm_xargs")
+            if field is None or any(
+                hasattr(getattr(m, "func", None), "relaxspec_xargs") for m in field.metadata
+            ):
+                continue
+            field.metadata.append(BeforeValidator(check_raw))
+            model.model_rebuild(force=True)
+            patched.append(model)
+    return patched

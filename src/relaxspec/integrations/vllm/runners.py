@@ -33,7 +33,7 @@ from relaxspec.engine.proposers.block import check_min_confidence
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
 from relaxspec.integrations.vllm.rules import PARAM_KEYS, RuleChoice, canonical
-from relaxspec.methods import BASE_PARAMS
+from relaxspec.methods import BASE_PARAMS, get_method
 from relaxspec.models import model_dir
 
 # Our method presets that run inside vLLM, with their parameters and defaults (methods.py's names).
@@ -44,6 +44,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "topk": {"k": 4, "accept_k": 2},
     "typical": {"k": 4, "epsilon": 0.09, "delta": 0.3},
     "lenience": {"k": 4, "ell": 0.5},
+    # the other engines' rules (core/peer_rules.py): parameters as methods.py's presets
+    **{m: {**get_method(m).params, "k": 4} for m in ("topk-delta", "threshold", "fly")},
     # Our proposers inside vLLM (.proposers); defaults as methods.py's presets.
     "prove-lossless": {"block_size": 8},
     "prove": {"block_size": 8, "theta": 0.05},
@@ -52,6 +54,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "sdd": {name: value for name, value in BASE_PARAMS.items() if name != "shadow"},
 }
 PROPOSER_METHODS = ("prove-lossless", "prove", "sdd")
+# rules with vLLM's draft-model proposer (or a MARS-drafted one, proposer=block)
+RULE_METHODS = ("sd", "nsd", "topk", "typical", "lenience", "topk-delta", "threshold", "fly")
 SKIPPING_METHODS = ("mars", "sdd-skip", "sdd-periodic")  # verifier skipping stays in our engine
 SDD_ACCEPT = {"exact": ("sd", ()), "lenience": ("lenience", ("ell",)), "topk": ("topk", ("accept_k",)),
               "nucleus": ("nsd", ("theta",))}  # fmt: skip
@@ -68,7 +72,7 @@ PEER_OPTIONAL: dict[str, dict[str, Any]] = {
     # vLLM's parallel drafting, or our proposer class with its own context cache (.BlockDrafter)
     "prove-lossless": {"seam": "fused", "min_confidence": None},
     "prove": {"seam": "parallel"},
-    **{m: {"proposer": "draft"} for m in ("sd", "nsd", "topk", "typical", "lenience")},
+    **{m: {"proposer": "draft"} for m in RULE_METHODS},
 }
 RULE_PROPOSERS = ("draft", "block")
 # seam -> VLLMEngine proposer: vLLM's parallel drafting, our proposer class with its own cache,
@@ -295,7 +299,7 @@ def generation_stats(result: VLLMResult, k: int) -> dict[str, Any]:
         out["accepted_by_relaxation"] = plugin["relaxed_accepted"]
         out["position_proposed"] = plugin["drafted_per_pos"]
         out["position_accepted"] = plugin["accepted_per_pos"]
-        out["relaxed_per_pos"] = plugin["relaxed_per_pos"]
+        out["relaxed_per_pos"] = out["position_relaxed"] = plugin["relaxed_per_pos"]  # our engine's name too
     return out
 
 

@@ -1,0 +1,339 @@
+"""``relaxspec tournament``: every relaxed rule beside the baselines on the same models (issue 31).
+
+One :func:`relaxspec.eval.bench.run_bench` grid per temperature — prompts outer, cells inner and
+rotated, as the bench measures — holding greedy / plain AR (``ar``), plain top-p AR sampling
+(``ar`` at ``top_p``, temperature > 0 only: at T = 0 it is greedy AR), exact SD (``sd``) and each
+relaxed rule over a grid of its parameter. From the records it derives, per (dataset,
+temperature), each row's speed-up over AR with a paired bootstrap interval (prompts resampled;
+total tokens over total seconds in each resample), its quality with the bench's interval, its
+paired Δ quality against AR and against top-p AR, the Pareto set on (speed-up, quality), and a
+verdict: the fastest rule with no measurable quality loss (the paired Δ interval vs AR reaches 0)
+and, per rule, the first grid point where the loss becomes measurable. Written to
+``<out>/tournament.{json,md}`` and ``<out>/frontier.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval import intervals
+from relaxspec.eval.bench import BenchConfig, plan, run_bench
+from relaxspec.eval.results import Cell, ResultsStore, latest_records
+
+# The swept parameter of each rule and its grid (the presets' other parameters stay at default).
+RULE_GRID: dict[str, tuple[str, list[Any]]] = {
+    "nsd": ("theta", [0.8, 0.95]),
+    "topk": ("accept_k", [2, 4]),
+    "typical": ("epsilon", [0.09, 0.3]),
+    "lenience": ("ell", [0.5, 0.8]),
+    "topk-delta": ("delta", [0.05, 0.2, 0.5]),
+    "threshold": ("single", [0.3, 0.6]),
+    "fly": ("entropy_threshold", [0.1, 0.5]),
+}
+TOP_P_AR = "ar top-p"  # the label of the plain top-p AR row
+
+
+@dataclass
+class TournamentConfig:
+    datasets: list[str]
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    rules: list[str] = field(default_factory=lambda: list(RULE_GRID))
+    limit: int = 20
+    seeds: list[int] = field(default_factory=lambda: [0])
+    k: int = 4
+    top_p: float = 0.95
+    max_new_tokens: int = 128
+    models: dict[str, str | None] = field(default_factory=dict)
+    out: str = "results/tournament"
+    progress: bool = True
+    command: str = ""
+
+
+def bench_config(config: TournamentConfig, temperature: float) -> BenchConfig:
+    """The bench grid of one temperature: sd and every rule over its grid, all at draft length k."""
+    unknown = [r for r in config.rules if r not in RULE_GRID]
+    if unknown:
+        raise RelaxSpecError(
+            f"unknown rule(s) {', '.join(unknown)}; tournament rules: {', '.join(RULE_GRID)}"
+        )
+    sets = [f"{r}.{RULE_GRID[r][0]}={','.join(map(str, RULE_GRID[r][1]))}" for r in config.rules]
+    return BenchConfig(
+        methods=["sd", *config.rules],
+        datasets=config.datasets,
+        limit=config.limit,
+        temperature=temperature,
+        seeds=config.seeds,
+        max_new_tokens=config.max_new_tokens,
+        sets=[*sets, f"k={config.k}"],
+        peers=[],
+        models=config.models,
+        out=str(Path(config.out) / f"T{temperature:g}"),
+        progress=config.progress,
+        command=config.command,
+    )
+
+
+def top_p_cells(cells: Sequence[Cell], top_p: float) -> list[Cell]:
+    """Plain top-p AR beside every sampling ``ar`` cell (same dataset and seed)."""
+    return [
+        Cell("ar", {}, c.dataset, c.seed, {**c.sampling, "top_p": top_p})
+        for c in cells
+        if c.method == "ar" and c.sampling["temperature"] > 0 and top_p < 1.0
+    ]
+
+
+def run_tournament(config: TournamentConfig) -> dict[str, Any]:
+    """Run (or resume) every temperature's grid, then write the analysis (module docstring)."""
+    if not 0.0 < config.top_p <= 1.0:
+        raise RelaxSpecError(f"--top-p must be in (0, 1], got {config.top_p!r}")
+    benches = [bench_config(config, t) for t in config.temperatures]
+    for bench in benches:
+        plan(bench)  # every grid validated before the first model loads
+    results = []
+    for bench in benches:
+        run_bench(bench, extra_cells=top_p_cells(plan(bench), config.top_p))
+        results += analyse(ResultsStore(bench.out).records)
+    return write_tournament(Path(config.out), results, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis (pure: records in, figures out)
+
+
+def row_name(cell: Cell) -> str:
+    """``ar``, ``ar top-p``, ``sd``, or ``rule name=value`` for the swept parameter."""
+    if cell.method == "ar":
+        return TOP_P_AR if cell.sampling["top_p"] < 1.0 else "ar"
+    if cell.method in RULE_GRID:
+        name = RULE_GRID[cell.method][0]
+        return f"{cell.method} {name}={cell.params.get(name)}"
+    return cell.method
+
+
+def speedup_interval(row: dict[str, tuple[int, float]], base: dict[str, tuple[int, float]]) -> dict[str, Any]:
+    """Speed-up ``(Σtok/Σsec) / (Σtok_AR/Σsec_AR)`` on the prompts both ran, with a 95 % percentile
+    bootstrap interval over prompts (paired: a resample takes a prompt's row and AR timings together).
+
+    row, base: ``{outcome key: (new tokens, seconds)}``.
+    """
+    keys = sorted(set(row) & set(base))
+    if not keys:
+        return {"estimate": None, "low": None, "high": None, "n": 0}
+    a = np.array([row[k] for k in keys], dtype=float)
+    b = np.array([base[k] for k in keys], dtype=float)
+
+    def ratio(idx: np.ndarray) -> np.ndarray:
+        sums_a, sums_b = a[idx].sum(-2), b[idx].sum(-2)  # [..., 2]: tokens, seconds
+        return (sums_a[..., 0] / sums_a[..., 1]) / (sums_b[..., 0] / sums_b[..., 1])
+
+    rng = np.random.default_rng(intervals.SEED)
+    draws = ratio(rng.integers(0, len(keys), size=(intervals.RESAMPLES, len(keys))))
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return {
+        "estimate": float(ratio(np.arange(len(keys)))),
+        "low": float(low),
+        "high": float(high),
+        "n": len(keys),
+    }
+
+
+def paired_quality(row: dict[str, float], base: dict[str, float]) -> dict[str, Any] | None:
+    """Paired Δ quality (row − base) on their common outcomes (:func:`intervals.paired_comparison`)."""
+    keys, x, y = intervals.pair_by_key(row, base)
+    return intervals.paired_comparison(x, y, _prompts(keys)).to_dict() if keys else None
+
+
+def _prompts(keys: Sequence[str]) -> list[str]:
+    """The prompt of each ``example#seed`` outcome: the seeds of one prompt are one cluster."""
+    return [k.rsplit("#", 1)[0] for k in keys]
+
+
+def _outcomes(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per cell key: its cell, timings and quality per (example, seed) outcome."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in latest_records(records).values():
+        if r.get("error"):
+            continue
+        cell = Cell.from_dict(r["cell"])
+        entry = out.setdefault(cell.key, {"cell": cell, "timing": {}, "quality": {}})
+        key = f"{r['example']}#{cell.seed}"
+        entry["timing"][key] = (len(r["tokens"]), float(r["seconds"]))
+        if r.get("quality") is not None:
+            entry["quality"][key] = float(r["quality"])
+    return out
+
+
+def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per (dataset, temperature) group of the records: rows, Pareto set and verdict."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for entry in _outcomes(records).values():
+        c = entry["cell"]
+        groups.setdefault((c.dataset, c.sampling["temperature"]), []).append(entry)
+    return [_group(dataset, t, entries) for (dataset, t), entries in sorted(groups.items())]
+
+
+def _group(dataset: str, temperature: float, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    named: dict[str, dict[str, Any]] = {}
+    for e in entries:  # the seeds of one row pool (outcome keys are example#seed)
+        row = named.setdefault(row_name(e["cell"]), {"cell": e["cell"], "timing": {}, "quality": {}})
+        row["timing"].update(e["timing"])
+        row["quality"].update(e["quality"])
+    ar, top_p_ar = named.get("ar"), named.get(TOP_P_AR)
+    rows = []
+    for name, e in named.items():
+        q = e["quality"]
+        rows.append(
+            {
+                "name": name,
+                "method": e["cell"].method,
+                "params": e["cell"].params,
+                "speedup": speedup_interval(e["timing"], ar["timing"]) if ar else None,
+                "quality": intervals.mean_interval(list(q.values()), _prompts(list(q))).to_dict()
+                if q
+                else None,
+                "vs_ar": paired_quality(e["quality"], ar["quality"]) if ar and e is not ar else None,
+                "vs_top_p_ar": paired_quality(e["quality"], top_p_ar["quality"])
+                if top_p_ar and e is not top_p_ar
+                else None,
+            }
+        )
+    pareto = pareto_set(rows)
+    for row in rows:
+        row["pareto"] = row["name"] in pareto
+    return {"dataset": dataset, "temperature": temperature, "rows": rows, "verdict": verdict(rows)}
+
+
+def _point(row: dict[str, Any]) -> tuple[float, float] | None:
+    s, q = row["speedup"], row["quality"]
+    if not s or s["estimate"] is None or not q:
+        return None
+    return s["estimate"], q["estimate"]
+
+
+def pareto_set(rows: Sequence[dict[str, Any]]) -> set[str]:
+    """Rows no other row beats on both speed-up and quality (point estimates; ≥ on both, > on one)."""
+    points = {r["name"]: p for r in rows if (p := _point(r)) is not None}
+
+    def dominated(p: tuple[float, float]) -> bool:
+        return any(o[0] >= p[0] and o[1] >= p[1] and o != p for o in points.values())
+
+    return {name for name, p in points.items() if not dominated(p)}
+
+
+def measurable_loss(row: dict[str, Any]) -> bool:
+    """The paired Δ quality vs AR lies entirely below 0."""
+    vs = row.get("vs_ar")
+    return bool(vs) and vs["high"] < 0
+
+
+def verdict(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest relaxed rule with no measurable loss vs AR, and where each rule's loss shows."""
+    relaxed = [r for r in rows if r["method"] in RULE_GRID and _point(r) is not None]
+    safe = [r for r in relaxed if r["vs_ar"] is not None and not measurable_loss(r)]
+    best = max(safe, key=lambda r: r["speedup"]["estimate"], default=None)
+    fails = {}
+    for method in dict.fromkeys(r["method"] for r in relaxed):
+        losing = [r["name"] for r in relaxed if r["method"] == method and measurable_loss(r)]
+        fails[method] = losing[0] if losing else None
+    return {"best": best["name"] if best else None, "fails_at": fails}
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+def _iv(x: dict[str, Any] | None, key: str = "estimate", digits: int = 2) -> str:
+    if not x or x.get(key) is None:
+        return "–"
+    return f"{x[key]:.{digits}f} [{x['low']:.{digits}f}–{x['high']:.{digits}f}]"
+
+
+def _delta(x: dict[str, Any] | None) -> str:
+    return "–" if not x else f"{x['delta']:+.2f} [{x['low']:+.2f}, {x['high']:+.2f}]"
+
+
+def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
+    lines = ["# Tournament: every relaxed rule beside AR, top-p AR and exact SD", "", f"`{command}`", ""]
+    for g in results:
+        lines += [
+            f"## {g['dataset']}, T = {g['temperature']:g}",
+            "",
+            "| row | speed-up vs AR | quality | Δ vs AR | Δ vs top-p AR | Pareto |",
+            "|---|---:|---:|---:|---:|:-:|",
+        ]
+        for r in g["rows"]:
+            q = r["quality"]
+            lines.append(
+                f"| {r['name']} | {_iv(r['speedup'])} | {_iv(q)} (n={q['n'] if q else 0}) | "
+                f"{_delta(r['vs_ar'])} | {_delta(r['vs_top_p_ar'])} | {'✓' if r['pareto'] else ''} |"
+            )
+        v = g["verdict"]
+        fails = "; ".join(f"{m}: {'measurable loss at ' + n if n else 'no measurable loss on the grid'}"
+                          for m, n in v["fails_at"].items())  # fmt: skip
+        lines += [
+            "",
+            f"Verdict: fastest rule with no measurable loss vs AR: **{v['best'] or 'none'}**. {fails}.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
+    """Speed-up over AR (x) against quality (y), both with 95 % intervals; Pareto set in red."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(len(results), 1), figsize=(6 * max(len(results), 1), 5), squeeze=False)
+    for ax, g in zip(axes[0], results, strict=False):
+        for r in g["rows"]:
+            if _point(r) is None:
+                continue
+            s, q = r["speedup"], r["quality"]
+            color = "tab:red" if r["pareto"] else ("black" if r["method"] in ("ar", "sd") else "tab:blue")
+            ax.errorbar(
+                s["estimate"],
+                q["estimate"],
+                xerr=[[s["estimate"] - s["low"]], [s["high"] - s["estimate"]]],
+                yerr=[[q["estimate"] - q["low"]], [q["high"] - q["estimate"]]],
+                fmt="o",
+                color=color,
+                capsize=2,
+                ms=4,
+            )
+            ax.annotate(
+                r["name"],
+                (s["estimate"], q["estimate"]),
+                fontsize=6,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+        ax.set_title(f"{g['dataset']}, T = {g['temperature']:g}")
+        ax.set_xlabel("speed-up over AR (95 % interval)")
+        ax.set_ylabel("quality (95 % interval); red: Pareto set")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_tournament(out: Path, results: list[dict[str, Any]], config: TournamentConfig) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"command": config.command, "top_p": config.top_p, "groups": results}
+    for name, text in (
+        ("tournament.json", json.dumps(doc, indent=1)),
+        ("tournament.md", markdown(results, config.command)),
+    ):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out / name)
+    plot(results, out / "frontier.png")
+    print(markdown(results, config.command))
+    return doc

@@ -1,0 +1,160 @@
+"""``relaxspec tournament``: its analysis on hand-made records, and one tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.results import Cell
+from relaxspec.eval.tournament import (
+    TOP_P_AR,
+    TournamentConfig,
+    analyse,
+    bench_config,
+    pareto_set,
+    row_name,
+    run_tournament,
+    speedup_interval,
+    verdict,
+)
+
+
+def test_speedup_is_a_ratio_of_totals_with_a_paired_interval():
+    ar = {f"p{i}#0": (10, 1.0 + 0.1 * i) for i in range(20)}
+    fast = {k: (t, s / 2) for k, (t, s) in ar.items()}  # twice as fast on every prompt
+    iv = speedup_interval(fast, ar)
+    assert iv["estimate"] == pytest.approx(2.0) and iv["low"] == pytest.approx(2.0) and iv["n"] == 20
+    noisy = {k: (t, s * (0.4 if i % 2 else 0.6)) for i, (k, (t, s)) in enumerate(ar.items())}
+    iv = speedup_interval(noisy, ar)
+    assert iv["low"] < iv["estimate"] < iv["high"]
+    assert speedup_interval({}, ar)["estimate"] is None
+
+
+def row(name, method, speed, quality, vs_high=0.1):
+    return {
+        "name": name,
+        "method": method,
+        "speedup": {"estimate": speed, "low": speed, "high": speed},
+        "quality": {"estimate": quality, "low": quality, "high": quality, "n": 10},
+        "vs_ar": {"delta": quality - 0.8, "low": -0.3, "high": vs_high},
+    }
+
+
+def test_pareto_set_and_verdict():
+    rows = [
+        {**row("ar", "ar", 1.0, 0.8), "vs_ar": None},
+        row("sd", "sd", 1.5, 0.8),
+        row("fly entropy_threshold=0.5", "fly", 1.7, 0.8),
+        row("fly entropy_threshold=0.1", "fly", 2.2, 0.5, vs_high=-0.05),  # measurable loss
+        row("threshold single=0.6", "threshold", 1.6, 0.75),  # dominated by fly 0.5
+    ]
+    assert pareto_set(rows) == {"fly entropy_threshold=0.5", "fly entropy_threshold=0.1"}
+    v = verdict(rows)
+    assert v["best"] == "fly entropy_threshold=0.5"
+    assert v["fails_at"] == {"fly": "fly entropy_threshold=0.1", "threshold": None}
+
+
+def test_rows_are_named_by_their_swept_parameter():
+    s = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}
+    assert row_name(Cell("ar", {}, "math", 0, s)) == "ar"
+    assert row_name(Cell("ar", {}, "math", 0, {**s, "top_p": 0.95})) == TOP_P_AR
+    assert (
+        row_name(Cell("fly", {"k": 4, "entropy_threshold": 0.1}, "math", 0, s)) == "fly entropy_threshold=0.1"
+    )
+
+
+def test_analysis_of_records_pairs_with_ar_and_top_p_ar():
+    s = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}
+    cells = [
+        Cell("ar", {}, "d", 0, s),
+        Cell("ar", {}, "d", 0, {**s, "top_p": 0.9}),
+        Cell("threshold", {"k": 4, "single": 0.3, "acc": 1.0}, "d", 0, s),
+    ]
+    records = []
+    for i in range(12):  # two seeds of each cell: their outcomes pool into one row
+        for c, seconds, q in zip(cells, (1.0, 1.0, 0.5), (1.0, 1.0, float(i % 2)), strict=True):
+            c = replace(c, seed=i % 2)
+            records.append(
+                {"type": "record", "cell": c.to_dict(), "example": f"e{i}", "tokens": [1] * 10,
+                 "seconds": seconds, "quality": q, "error": None}
+            )  # fmt: skip
+    (group,) = analyse(records)
+    rows = {r["name"]: r for r in group["rows"]}
+    assert set(rows) == {"ar", TOP_P_AR, "threshold single=0.3"}
+    assert rows["ar"]["quality"]["n"] == 12
+    relaxed = rows["threshold single=0.3"]
+    assert relaxed["speedup"]["estimate"] == pytest.approx(2.0)
+    assert relaxed["vs_ar"]["delta"] == pytest.approx(-0.5) and relaxed["vs_top_p_ar"][
+        "delta"
+    ] == pytest.approx(-0.5)
+    assert relaxed["vs_ar"]["high"] < 0 and group["verdict"]["fails_at"] == {
+        "threshold": "threshold single=0.3"
+    }
+
+
+def test_bad_input():
+    with pytest.raises(RelaxSpecError, match="unknown rule"):
+        bench_config(TournamentConfig(datasets=["math"], rules=["bogus"]), 0.0)
+    with pytest.raises(RelaxSpecError, match="top-p"):
+        run_tournament(TournamentConfig(datasets=["math"], top_p=0.0))
+
+
+def test_tiny_tournament_end_to_end(model_dirs, tmp_path):
+    target, draft = model_dirs
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "prompt": p, "answer": 3}) + "\n"
+            for i, p in enumerate(["w1 w2", "w3"])
+        )
+    )
+    out = tmp_path / "t"
+    config = TournamentConfig(
+        datasets=[str(prompts)],
+        temperatures=[0.0, 1.0],
+        rules=["threshold", "fly"],
+        limit=2,
+        k=2,
+        max_new_tokens=4,
+        models={"target": str(target), "draft": str(draft)},
+        out=str(out),
+        progress=False,
+        command="relaxspec tournament ...",
+    )
+    doc = run_tournament(config)
+    assert [g["temperature"] for g in doc["groups"]] == [0.0, 1.0]
+    greedy, sampled = ({r["name"] for r in g["rows"]} for g in doc["groups"])
+    rules = {
+        "sd",
+        "threshold single=0.3",
+        "threshold single=0.6",
+        "fly entropy_threshold=0.1",
+        "fly entropy_threshold=0.5",
+    }
+    assert greedy == {"ar", *rules} and sampled == {"ar", TOP_P_AR, *rules}
+    for name in ("tournament.json", "tournament.md", "frontier.png"):
+        assert (out / name).is_file()
+    assert "Verdict" in (out / "tournament.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rules", "nsd,bogus"], "unknown rule(s) bogus"),
+        (["--temperatures", "0,hot"], "--temperatures expects comma-separated numbers"),
+        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--temperatures", "-1"], "temperature"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(args, message, monkeypatch, capsys, tmp_path):
+    from relaxspec import cli
+
+    monkeypatch.setattr("sys.argv", ["relaxspec", "tournament", *args, "--out", str(tmp_path / "t")])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1
