@@ -10,7 +10,6 @@ import torch
 from relaxspec.data.corpus import CorpusConfig, build_corpus, read_jsonl
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import load_model
-from relaxspec.testing import run_cli
 from relaxspec.train.ar import train_ar
 from relaxspec.train.distill import (
     DistillRecipe,
@@ -136,7 +135,7 @@ def test_distillation_raises_agreement_with_the_teacher(family, tmp_path):
     assert load_model(tmp_path / "out").model.config.num_hidden_layers == 2
 
 
-def test_bad_input(family, tmp_path):
+def test_bad_input(family, tmp_path, cli):
     root, rows_path = family
     args = (root / "student", root / "teacher")
     with pytest.raises(RelaxSpecError, match="distillation rows not found"):
@@ -153,7 +152,7 @@ def test_bad_input(family, tmp_path):
         )
     with pytest.raises(RelaxSpecError, match="not all 0"):
         build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", n_code=0, n_math=0)
-    done = run_cli("train", "distill", "--student", str(tmp_path / "nope"), "--data", str(rows_path))
+    done = cli("train", "distill", "--student", str(tmp_path / "nope"), "--data", str(rows_path))
     assert done.returncode == 2 and "model directory not found" in done.stderr + done.stdout
 
 

@@ -28,7 +28,7 @@ from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import load_model, model_dir
-from relaxspec.testing import run_cli, vllm_server
+from relaxspec.testing import vllm_server
 
 TOKENS = 32
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
@@ -454,12 +454,12 @@ def test_cli_generate_engine_vllm_prove_lossless_json(tmp_path):
     assert out["stats"]["params"]["block_size"] == 8 and out["stats"]["params"]["seam"] == "own-cache"
 
 
-def test_cli_validates_method_options_by_the_engine_that_runs_them():
+def test_cli_validates_method_options_by_the_engine_that_runs_them(cli):
     """``--set seam=...`` is a vLLM row's option: checked (one clear message) before any model
     loads with ``--engine vllm``, and unknown to our engine's prove-lossless."""
-    bad = run_cli("generate", "--engine", "vllm", "--method", "prove-lossless", "--set", "seam=paged", "x")
+    bad = cli("generate", "--engine", "vllm", "--method", "prove-lossless", "--set", "seam=paged", "x")
     assert bad.returncode != 0 and "seam must be one of parallel, own-cache" in bad.stderr
-    ours = run_cli("generate", "--method", "prove-lossless", "--set", "seam=own-cache", "x")
+    ours = cli("generate", "--method", "prove-lossless", "--set", "seam=own-cache", "x")
     assert ours.returncode != 0 and "seam" in ours.stderr
 
 
