@@ -84,6 +84,7 @@ def test_kl_is_zero_on_equal_logits_positive_otherwise_and_masked():
     )
 
 
+@pytest.mark.slow  # the family fixture trains a teacher and a student
 def test_rows_are_teacher_greedy_continuations_of_training_prompts(family):
     root, rows_path = family
     rows = read_jsonl(rows_path)
@@ -102,6 +103,7 @@ def test_rows_are_teacher_greedy_continuations_of_training_prompts(family):
     assert teacher.tokenizer.decode(math_row["ids"][: math_row["prompt_len"]]).endswith("Answer:")
 
 
+@pytest.mark.slow  # the family fixture trains a teacher and a student
 def test_interrupted_build_resumes_to_the_same_rows(family, tmp_path):
     root, rows_path = family
     lines = rows_path.read_text().splitlines(keepends=True)
@@ -114,6 +116,7 @@ def test_interrupted_build_resumes_to_the_same_rows(family, tmp_path):
     assert partial.read_text() == "".join(lines)
 
 
+@pytest.mark.slow  # the family fixture trains a teacher and a student
 def test_distillation_raises_agreement_with_the_teacher(family, tmp_path):
     root, rows_path = family
     teacher = load_model(root / "teacher").model
@@ -135,6 +138,7 @@ def test_distillation_raises_agreement_with_the_teacher(family, tmp_path):
     assert load_model(tmp_path / "out").model.config.num_hidden_layers == 2
 
 
+@pytest.mark.slow  # the family fixture trains a teacher and a student
 def test_bad_input(family, tmp_path, cli):
     root, rows_path = family
     args = (root / "student", root / "teacher")
