@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -79,3 +81,25 @@ def block(tokenizer) -> LoadedModel:
     from relaxspec.testing import tiny_block_proposer
 
     return LoadedModel(tiny_block_proposer(tokenizer, block_size=6), tokenizer, None)
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """``cli(*args)`` runs ``relaxspec ARGS`` in this process through the CLI's ``main`` (what the
+    installed command runs) and returns what :func:`relaxspec.testing.run_cli` returns (exit status,
+    stdout, stderr), without starting an interpreter per call. An exception that is not one of
+    the CLI's one-line errors propagates and fails the test (a subprocess would print a traceback)."""
+    from relaxspec.cli import main
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()  # what the test printed before
+        monkeypatch.setattr(sys, "argv", ["relaxspec", *args])
+        try:
+            main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["relaxspec", *args], code, out.out, out.err)
+
+    return run

@@ -9,6 +9,7 @@ import pytest
 from relaxspec.testing import run_cli
 
 
+@pytest.mark.slow  # a real interpreter: the module entry point, its exit status and output
 def test_generate_json(model_dirs):
     target, draft = model_dirs
     r = run_cli(
@@ -40,9 +41,9 @@ def test_generate_json(model_dirs):
     assert out["stats"]["tau"] >= 1
 
 
-def test_generate_streams_text(model_dirs):
+def test_generate_streams_text(model_dirs, cli):
     target, draft = model_dirs
-    r = run_cli(
+    r = cli(
         "generate",
         "--method",
         "sd",
@@ -72,9 +73,9 @@ def test_generate_streams_text(model_dirs):
         (["--method", "sd", "--top-p", "0"], "top_p"),
     ],
 )
-def test_generate_bad_input(model_dirs, args, message):
+def test_generate_bad_input(model_dirs, args, message, cli):
     target, draft = model_dirs
-    r = run_cli("generate", *args, "--target", str(target), "--draft", str(draft), "w1")
+    r = cli("generate", *args, "--target", str(target), "--draft", str(draft), "w1")
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -89,29 +90,30 @@ def test_generate_bad_input(model_dirs, args, message):
         (["--engine", "vllm", "--max-body-bytes", "10"], "--max-body-bytes must be >= 1024"),
     ],
 )
-def test_serve_k_schedule_bad_input(args, message):
+def test_serve_k_schedule_bad_input(args, message, cli):
     """Refused with one message before any model or server starts."""
-    r = run_cli("serve", *args, timeout=120)
+    r = cli("serve", *args)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # a real interpreter: exit status 2 and the one-line error on stderr
 def test_generate_missing_model_dir(tmp_path):
     r = run_cli("generate", "--target", str(tmp_path / "x"), "--draft", str(tmp_path / "y"), "w1")
     assert r.returncode == 2 and "model directory not found" in r.stderr
 
 
-def test_theory_distributions():
-    r = run_cli("theory", "--p", "0.5,0.3,0.2", "--q", "0.2,0.2,0.6", "--theta", "0.8")
+def test_theory_distributions(cli):
+    r = cli("theory", "--p", "0.5,0.3,0.2", "--q", "0.2,0.2,0.6", "--theta", "0.8")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert rep["total_variation"] == pytest.approx(rep["excess_in_nucleus"], abs=1e-6)
     assert rep["nsd_acceptance"] == pytest.approx(1 - rep["rejection_mass"] + rep["excess_in_nucleus"])
 
 
-def test_theory_model_pair(model_dirs):
+def test_theory_model_pair(model_dirs, cli):
     target, draft = model_dirs
-    r = run_cli(
+    r = cli(
         "theory", "--prompt", "w1 w2", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "6"
     )
     assert r.returncode == 0, r.stderr
@@ -122,15 +124,15 @@ def test_theory_model_pair(model_dirs):
         assert pos["excess_in_nucleus"] <= pos["rejection_mass"] + 1e-9
 
 
-def test_theory_bad_input():
-    r = run_cli("theory", "--p", "0.5,x", "--q", "0.5,0.5")
+def test_theory_bad_input(cli):
+    r = cli("theory", "--p", "0.5,x", "--q", "0.5,0.5")
     assert r.returncode == 2 and "comma-separated" in r.stderr
 
 
-def test_latency_table_and_json(model_dirs, tmp_path):
+def test_latency_table_and_json(model_dirs, tmp_path, cli):
     target, draft = model_dirs
     out = tmp_path / "latency.json"
-    r = run_cli(
+    r = cli(
         "latency", "--model", str(target), "--model", str(draft), "--decode-steps", "4",
         "--rounds", "2", "--context", "8", "--widths", "1,3", "--out", str(out),
     )  # fmt: skip
@@ -143,9 +145,9 @@ def test_latency_table_and_json(model_dirs, tmp_path):
     assert "T=3 ms" in r.stdout
 
 
-def test_latency_context_too_long(model_dirs):
+def test_latency_context_too_long(model_dirs, cli):
     target, _ = model_dirs
-    r = run_cli("latency", "--model", str(target), "--context", "100000")
+    r = cli("latency", "--model", str(target), "--context", "100000")
     assert r.returncode != 0
     assert "context window" in r.stderr
 

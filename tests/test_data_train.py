@@ -13,7 +13,6 @@ from relaxspec.data.corpus import CorpusConfig, build_corpus, read_jsonl
 from relaxspec.data.mathgen import EVAL_SEED_START, MAX_VALUE, extract_answer, generate_problem
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import load_model
-from relaxspec.testing import run_cli
 from relaxspec.train.ar import export_checkpoint, train_ar
 from relaxspec.train.tokenizer import MASK, load_tokenizer, train_tokenizer
 
@@ -141,13 +140,13 @@ def test_export_loads_offline_with_auto_classes(corpus, tokenizer_dir, tmp_path,
     assert (tmp_path / "again" / "model.safetensors").is_file()
 
 
-def test_ar_card_records_later_metrics(corpus, tokenizer_dir, tmp_path):
+def test_ar_card_records_later_metrics(corpus, tokenizer_dir, tmp_path, cli):
     overrides = {"steps": 2, "batch_size": 2, "seq_len": 32}
     train_ar("tiny", corpus, tokenizer_dir, tmp_path / "run", tmp_path / "model", overrides, progress=False)
     card = (tmp_path / "model" / "README.md").read_text()
     assert "# tiny — Llama-style causal LM" in card and "| optimizer steps | 2 of 2 |" in card
     (tmp_path / "eval.json").write_text(json.dumps({"math_accuracy": 0.5}))
-    r = run_cli(
+    r = cli(
         "train", "card", "--model", str(tmp_path / "model"), "--metrics", str(tmp_path / "eval.json"),
         "--set", "tau=3.5", "--measured-with", "relaxspec eval",
     )  # fmt: skip
@@ -155,9 +154,9 @@ def test_ar_card_records_later_metrics(corpus, tokenizer_dir, tmp_path):
     card = (tmp_path / "model" / "README.md").read_text()
     assert "| math_accuracy | 0.5 |" in card and "| tau | 3.5 |" in card and "relaxspec eval" in card
     # a second call keeps earlier metrics
-    assert run_cli("train", "card", "--model", str(tmp_path / "model"), "--set", "x=1").returncode == 0
+    assert cli("train", "card", "--model", str(tmp_path / "model"), "--set", "x=1").returncode == 0
     assert "| math_accuracy | 0.5 |" in (tmp_path / "model" / "README.md").read_text()
-    bad = run_cli("train", "card", "--model", str(tmp_path / "model"), "--metrics", str(tmp_path / "no.json"))
+    bad = cli("train", "card", "--model", str(tmp_path / "model"), "--metrics", str(tmp_path / "no.json"))
     assert bad.returncode != 0 and "cannot read metrics" in bad.stderr
 
 
@@ -215,7 +214,7 @@ def test_bad_input(corpus, tokenizer_dir, tmp_path):
         )
 
 
-def test_mixture_override_is_used_and_recorded(corpus, tokenizer_dir, tmp_path):
+def test_mixture_override_is_used_and_recorded(corpus, tokenizer_dir, tmp_path, cli):
     overrides = {"steps": 1, "batch_size": 2, "seq_len": 32}
     train_ar(
         "tiny", corpus, tokenizer_dir, tmp_path / "run", tmp_path / "model", overrides,
@@ -228,7 +227,7 @@ def test_mixture_override_is_used_and_recorded(corpus, tokenizer_dir, tmp_path):
             "tiny", corpus, tokenizer_dir, tmp_path / "r2", None, overrides,
             progress=False, mixture={"math": 0.0, "code": 0.0},
         )  # fmt: skip
-    bad = run_cli("train", "ar", "--config", "tiny", "--mixture", "math=a", "--corpus", str(corpus))
+    bad = cli("train", "ar", "--config", "tiny", "--mixture", "math=a", "--corpus", str(corpus))
     assert bad.returncode != 0 and "--mixture expects" in bad.stderr
 
 

@@ -15,7 +15,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.sdd_sweep import sweep_operating_points, training_prompts
 from relaxspec.methods import ModelSet, build_engine, load_models
 from relaxspec.models import LoadedModel
-from relaxspec.testing import perturbed_copy, run_cli, tiny_llama, tiny_tokenizer
+from relaxspec.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 from relaxspec.train.diffusion import mark_drafter
 
 PROMPTS = ["w1", "w2 w3 w4", "w0 w0 w7 w5 w1", "w6 w2 w2 w3 w1 w0 w4 w5 w7"]
@@ -296,9 +296,9 @@ def test_training_prompts_come_from_training_splits(tmp_path):
         training_prompts(tmp_path, 0, 0)
 
 
-def test_cli_generate_sdd_skip_json(sdd_dirs):
+def test_cli_generate_sdd_skip_json(sdd_dirs, cli):
     t, d = sdd_dirs
-    r = run_cli(
+    r = cli(
         "generate", "w1 w2", "--method", "sdd-skip", "--target", str(t), "--diffusion", str(d),
         "--set", "gamma=4", "--set", "tau=0.2", "--set", "k_min=2", "--set", "shadow=true",
         "--temperature", "0", "--max-new-tokens", "16", "--json",
@@ -306,7 +306,7 @@ def test_cli_generate_sdd_skip_json(sdd_dirs):
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stdout)["stats"]
     assert stats["new_tokens"] > 0 and stats["shadow_rounds"] == stats["skipped_rounds"]
-    bad = run_cli("generate", "w1", "--method", "sdd-skip", "--target", str(t), "--diffusion", str(d),
+    bad = cli("generate", "w1", "--method", "sdd-skip", "--target", str(t), "--diffusion", str(d),
                   "--set", "k_min=9")  # fmt: skip
     assert bad.returncode == 2 and "cannot exceed gamma" in bad.stderr
 

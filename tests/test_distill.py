@@ -10,7 +10,6 @@ import torch
 from relaxspec.data.corpus import CorpusConfig, build_corpus, read_jsonl
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import load_model
-from relaxspec.testing import run_cli
 from relaxspec.train.ar import train_ar
 from relaxspec.train.distill import (
     DistillRecipe,
@@ -85,6 +84,7 @@ def test_kl_is_zero_on_equal_logits_positive_otherwise_and_masked():
     )
 
 
+@pytest.mark.slow  # the family fixture trains a teacher and a student
 def test_rows_are_teacher_greedy_continuations_of_training_prompts(family):
     root, rows_path = family
     rows = read_jsonl(rows_path)
@@ -103,6 +103,7 @@ def test_rows_are_teacher_greedy_continuations_of_training_prompts(family):
     assert teacher.tokenizer.decode(math_row["ids"][: math_row["prompt_len"]]).endswith("Answer:")
 
 
+@pytest.mark.slow  # the family fixture trains a teacher and a student
 def test_interrupted_build_resumes_to_the_same_rows(family, tmp_path):
     root, rows_path = family
     lines = rows_path.read_text().splitlines(keepends=True)
@@ -115,6 +116,7 @@ def test_interrupted_build_resumes_to_the_same_rows(family, tmp_path):
     assert partial.read_text() == "".join(lines)
 
 
+@pytest.mark.slow  # the family fixture trains a teacher and a student
 def test_distillation_raises_agreement_with_the_teacher(family, tmp_path):
     root, rows_path = family
     teacher = load_model(root / "teacher").model
@@ -136,7 +138,8 @@ def test_distillation_raises_agreement_with_the_teacher(family, tmp_path):
     assert load_model(tmp_path / "out").model.config.num_hidden_layers == 2
 
 
-def test_bad_input(family, tmp_path):
+@pytest.mark.slow  # the family fixture trains a teacher and a student
+def test_bad_input(family, tmp_path, cli):
     root, rows_path = family
     args = (root / "student", root / "teacher")
     with pytest.raises(RelaxSpecError, match="distillation rows not found"):
@@ -153,7 +156,7 @@ def test_bad_input(family, tmp_path):
         )
     with pytest.raises(RelaxSpecError, match="not all 0"):
         build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", n_code=0, n_math=0)
-    done = run_cli("train", "distill", "--student", str(tmp_path / "nope"), "--data", str(rows_path))
+    done = cli("train", "distill", "--student", str(tmp_path / "nope"), "--data", str(rows_path))
     assert done.returncode == 2 and "model directory not found" in done.stderr + done.stdout
 
 

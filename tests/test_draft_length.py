@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -671,17 +670,26 @@ def test_an_idle_pool_counts_as_paused(target, draft):
     read as a minute without tokens: it then judged drafting by ~0 tokens per row-second and
     stopped drafting for good. The pool reports idle time as paused time, which windows leave
     out; while a request decodes (after its prefill), nothing is paused."""
-    pool = ServingPool(ModelSet(target=target, draft=draft), "sd", {"k": 4}, adaptive_k=True, batching=True)
+    now = {"t": 100.0}  # an injected clock: the pool's idle time is read from it
+
+    def tick(text: str, ids: list[int]) -> None:  # each chunk takes 0.5 s of the clock
+        now["t"] += 0.5
+        during.append(pool.paused_seconds())
+
+    pool = ServingPool(
+        ModelSet(target=target, draft=draft), "sd", {"k": 4}, adaptive_k=True, batching=True,
+        clock=lambda: now["t"],
+    )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_new_tokens=30, ignore_eos=True)
     before = pool.paused_seconds()
-    time.sleep(0.2)
-    assert pool.paused_seconds() - before == pytest.approx(0.2, abs=0.05)
+    now["t"] += 0.2
+    assert pool.paused_seconds() - before == pytest.approx(0.2, abs=1e-9)
     during: list[float] = []
-    pool.submit("w1 w2", params, on_chunk=lambda text, ids: during.append(pool.paused_seconds()))
-    assert len(during) > 2 and during[-1] - during[0] < 1e-3 and pool.batcher.prefill_seconds > 0
+    pool.submit("w1 w2", params, on_chunk=tick)
+    assert len(during) > 2 and during[-1] - during[0] < 1e-9 and pool.batcher.prefill_seconds > 0
     after = pool.paused_seconds()
-    time.sleep(0.1)
-    assert pool.paused_seconds() - after == pytest.approx(0.1, abs=0.05)
+    now["t"] += 0.1
+    assert pool.paused_seconds() - after == pytest.approx(0.1, abs=1e-9)
 
 
 def test_rows_coming_and_going_do_not_trap_the_policy_in_probes():

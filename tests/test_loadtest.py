@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -226,17 +224,11 @@ def test_warmup_failure_is_a_clear_error(server_url):
         run_loadtest(config, PROMPTS)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "relaxspec.cli", *args], capture_output=True, text=True, timeout=180
-    )
-
-
-def test_cli_loadtest_against_server(server_url, tmp_path):
+def test_cli_loadtest_against_server(server_url, tmp_path, cli):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "w1 w2"}\n{"prompt": "w5"}\n')
     out = tmp_path / "lt.json"
-    r = run_cli(
+    r = cli(
         "loadtest", "--url", server_url, "--concurrency", "1,2", "--requests", "3", "--max-tokens", "5",
         "--method", "ar,nsd", "--dataset", str(prompts), "--warmup", "1", "--out", str(out),
     )  # fmt: skip
@@ -246,13 +238,14 @@ def test_cli_loadtest_against_server(server_url, tmp_path):
     assert len(report["levels"]) == 4 and report["failed"] == 0
 
 
-def test_cli_spawn_starts_and_stops_servers(model_dirs, tmp_path):
+@pytest.mark.slow  # spawns `relaxspec serve` processes
+def test_cli_spawn_starts_and_stops_servers(model_dirs, tmp_path, cli):
     """`--spawn` runs `relaxspec serve` per method on a free port (the serve command end to end)."""
     target, draft = model_dirs
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "w1 w2"}\n')
     out = tmp_path / "lt.json"
-    r = run_cli(
+    r = cli(
         "loadtest", "--spawn", "--method", "sd", "--target", str(target), "--draft", str(draft),
         "--concurrency", "1", "--requests", "2", "--max-tokens", "4", "--dataset", str(prompts),
         "--warmup", "1", "--out", str(out), "--serve-args", "--no-batching",
@@ -266,13 +259,14 @@ def test_cli_spawn_starts_and_stops_servers(model_dirs, tmp_path):
     assert report["levels"][0]["tau"] >= 1
 
 
-def test_cli_serve_bad_input():
-    r = run_cli("serve", "--method", "nsd", "--theta", "2")
+def test_cli_serve_bad_input(cli):
+    r = cli("serve", "--method", "nsd", "--theta", "2")
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "theta" in r.stderr
 
 
-def test_cli_spawn_reports_a_server_that_fails_to_start(tmp_path):
-    r = run_cli(
+@pytest.mark.slow  # spawns `relaxspec serve` processes
+def test_cli_spawn_reports_a_server_that_fails_to_start(tmp_path, cli):
+    r = cli(
         "loadtest", "--spawn", "--method", "ar", "--target", str(tmp_path / "missing"),
         "--concurrency", "1", "--requests", "1", "--dataset", "math", "--limit", "1",
     )  # fmt: skip

@@ -172,8 +172,7 @@ def test_load_role_packs_decoding_roles_only(model_dirs):
         load_role("target", target_dir, "nope")
 
 
-def test_cli_rejects_bad_kernels_with_one_message(model_dirs):
-    from relaxspec.testing import run_cli
+def test_cli_rejects_bad_kernels_with_one_message(model_dirs, cli):
 
     target_dir, _ = model_dirs
     base = [
@@ -187,11 +186,11 @@ def test_cli_rejects_bad_kernels_with_one_message(model_dirs):
         "--json",
         "w1",
     ]
-    bad = run_cli(*base, "--kernels", "fast")
+    bad = cli(*base, "--kernels", "fast")
     assert bad.returncode == 2 and "error: unknown kernels 'fast'" in bad.stderr
-    vllm = run_cli(*base, "--engine", "vllm", "--kernels", "packed")
+    vllm = cli(*base, "--engine", "vllm", "--kernels", "packed")
     assert vllm.returncode == 2 and "--kernels applies to our engine" in vllm.stderr
-    ok = run_cli(*base, "--kernels", "packed")
+    ok = cli(*base, "--kernels", "packed")
     assert ok.returncode == 0, ok.stderr
     assert len(json.loads(ok.stdout)["tokens"]) == 4
 

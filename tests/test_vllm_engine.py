@@ -51,6 +51,7 @@ def greedy_stock(stock_sd, stock_ar):
     return sd, ar
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_greedy_sd_token_identical_to_stock_vllm_ar_and_sd(ours, greedy_stock):
     stock_sd, stock_ar = greedy_stock
     results = ours.generate(PROMPTS, max_new_tokens=TOKENS)
@@ -62,6 +63,7 @@ def test_greedy_sd_token_identical_to_stock_vllm_ar_and_sd(ours, greedy_stock):
     assert results[0].stats["plugin"]["relaxed_accepted"] == 0
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_nucleus_theta_to_zero_equals_exact(ours, greedy_stock, monkeypatch):
     """N_θ(p) → {argmax p} as θ → 0, so greedy NSD decodes exactly — except where bf16 logits tie
     at the top: the nucleus (tie-inclusive, DESIGN §2) then also accepts a tied draft that is not
@@ -89,6 +91,7 @@ def test_nucleus_theta_to_zero_equals_exact(ours, greedy_stock, monkeypatch):
     assert clean >= 4, f"only {clean} of {len(PROMPTS)} prompts decoded without a top tie"
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_relaxed_rule_accepts_more_and_is_counted(ours):
     exact = ours.generate(PROMPTS, max_new_tokens=TOKENS)
     nsd = ours.generate(PROMPTS, max_new_tokens=TOKENS, rule={"rule": "nsd", "theta": 0.95})
@@ -100,6 +103,7 @@ def test_relaxed_rule_accepts_more_and_is_counted(ours):
     assert tau(nsd) >= tau(exact)
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_peer_rules_at_exact_settings_decode_as_sd_and_relaxed_accept_more(ours):
     """Greedy, per request: threshold single = acc = 1 and fly with an unreachable entropy threshold
     give the plugin's sd tokens (topk-delta at δ = 0 would, but for bf16 ties at the top, as nsd
@@ -116,6 +120,7 @@ def test_peer_rules_at_exact_settings_decode_as_sd_and_relaxed_accept_more(ours)
         assert relaxed[0].stats["plugin"]["relaxed_accepted"] > 0, rule
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_per_request_rules_in_one_batch_behave_as_alone(ours):
     prompts = PROMPTS[:2]
     rules = [{"rule": "sd"}, {"rule": "nsd", "theta": 0.9}]
@@ -125,6 +130,7 @@ def test_per_request_rules_in_one_batch_behave_as_alone(ours):
     assert together[1].stats["rule"] == "nsd" and together[0].stats["rule"] == "sd"
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_seeded_sampling_reproducible_with_real_draft_probs(ours):
     prompt = PROMPTS[0]
     nsd = {"rule": "nsd", "theta": 0.9}
@@ -137,6 +143,7 @@ def test_seeded_sampling_reproducible_with_real_draft_probs(ours):
     assert sum(stats["accepted_per_pos"]) > 0.2 * sum(stats["drafted_per_pos"])
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_bad_rules_fail_clearly(ours):
     with pytest.raises(RelaxSpecError, match="theta must be a number in"):
         ours.generate(PROMPTS[0], rule={"rule": "nsd", "theta": 1.5})
@@ -148,6 +155,7 @@ def test_bad_rules_fail_clearly(ours):
         VLLMEngine("nsd", stock=True)
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_cli_generate_engine_vllm_json(tmp_path):
     import json
     import subprocess

@@ -28,7 +28,7 @@ from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import load_model, model_dir
-from relaxspec.testing import run_cli, vllm_server
+from relaxspec.testing import vllm_server
 
 TOKENS = 32
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
@@ -82,6 +82,7 @@ def target_ar():
     engine.close()
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_prove_lossless_token_identical_to_block_ar_and_our_engine(prove_lossless, block_ar):
     results = prove_lossless.generate(PROMPTS, max_new_tokens=TOKENS)
     tokens = [_strip(r.tokens) for r in results]
@@ -96,6 +97,7 @@ def test_prove_lossless_token_identical_to_block_ar_and_our_engine(prove_lossles
     assert plugin["accepted_per_pos"][0] == plugin["drafted_per_pos"][0] > 0
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_prove_lossless_on_the_own_cache_seam_is_token_identical_to_block_ar(
     prove_lossless_own_cache, block_ar
 ):
@@ -109,6 +111,7 @@ def test_prove_lossless_on_the_own_cache_seam_is_token_identical_to_block_ar(
     assert results[0].stats["proposer"] == "block-cache"
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_prove_lossless_on_the_fused_seam_is_token_identical_to_block_ar(prove_lossless_fused, block_ar):
     """The block model drafting inside its own verification forward (one target forward per
     step, no drafter forward): token-identical to its greedy AR, several tokens per forward, and no
@@ -128,6 +131,7 @@ def test_prove_lossless_on_the_fused_seam_is_token_identical_to_block_ar(prove_l
     assert state["min_confidence"] == 0.3  # the default block cut
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_fused_seam_keeps_no_request_state_between_steps(prove_lossless_fused, block_ar):
     """A request that ends early leaves nothing behind: the next block travels from the acceptance
     step to the proposer within a step, so no state outlives it (checked after every step)."""
@@ -197,6 +201,7 @@ def fused_scheduled():
     engine.close()
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_fused_seam_follows_vllms_batch_size_schedule(fused_scheduled, block_ar):
     """The schedule's values are block sizes (vLLM counts 2B − 1 slots): one request decodes AR,
     a batch of four drafts; both token-identical to the block model's AR."""
@@ -218,6 +223,7 @@ def sdd_scheduled():
     engine.close()
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_diffusion_drafter_follows_vllms_batch_size_schedule(sdd_scheduled, target_ar):
     """The custom proposer drafts the step's K from vLLM's schedule (vLLM passes it only to its
     own proposers; the plugin hands it over): none for one request, eight for a batch of four."""
@@ -229,6 +235,7 @@ def test_diffusion_drafter_follows_vllms_batch_size_schedule(sdd_scheduled, targ
     assert [_strip(r.tokens) for r in [solo, *batch]] == [_strip(r.tokens) for r in want]
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
     results = sdd.generate(PROMPTS, max_new_tokens=TOKENS)
     tokens = [_strip(r.tokens) for r in results]
@@ -241,6 +248,7 @@ def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
 BATCHED = ["sdd", "prove_lossless", "prove_lossless_own_cache", "prove_lossless_fused"]
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 @pytest.mark.parametrize("kind", BATCHED)
 def test_batch_of_four_gives_each_request_its_solo_output(kind, request):
     engine = request.getfixturevalue(kind)
@@ -250,6 +258,7 @@ def test_batch_of_four_gives_each_request_its_solo_output(kind, request):
     assert batch == solo
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 @pytest.mark.parametrize("kind", ["sdd", "prove_lossless_own_cache"])
 def test_request_that_ends_early_frees_its_drafter_state(kind, request):
     """The short request's drafter state is gone while the long one still decodes; none is left."""
@@ -282,6 +291,7 @@ def test_request_that_ends_early_frees_its_drafter_state(kind, request):
     assert state["live"] == [] and state["live_bytes"] == 0 and state["freed"] == state["created"]
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_relaxed_sdd_rules_accept_more_than_strict(sdd):
     prompts = PROMPTS[:2] + PROMPTS[4:6]
     strict = sdd.generate(prompts, max_new_tokens=TOKENS)
@@ -295,6 +305,7 @@ def test_relaxed_sdd_rules_accept_more_than_strict(sdd):
             assert sum(r.stats["tau"] for r in relaxed) > tau
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_sdd_sampling_is_seeded_and_gets_real_q(sdd):
     a = sdd.generate(PROMPTS[:2], max_new_tokens=16, temperature=1.0, seed=7)
     b = sdd.generate(PROMPTS[:2], max_new_tokens=16, temperature=1.0, seed=7)
@@ -313,6 +324,7 @@ def prove_gate():
     engine.close()
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_prove_gate_with_small_verifier_matches_our_engine(prove_gate):
     results = prove_gate.generate(PROMPTS[:4], max_new_tokens=TOKENS)
     models = ModelSet(block=load_model(model_dir("block")), draft=load_model(model_dir("draft")))
@@ -439,6 +451,7 @@ def test_vllm_rows_for_prove_and_sdd_resolve_to_engine_plans():
             runners.resolve(name, {})
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_cli_generate_engine_vllm_prove_lossless_json(tmp_path):
     import subprocess
     import sys
@@ -454,15 +467,16 @@ def test_cli_generate_engine_vllm_prove_lossless_json(tmp_path):
     assert out["stats"]["params"]["block_size"] == 8 and out["stats"]["params"]["seam"] == "own-cache"
 
 
-def test_cli_validates_method_options_by_the_engine_that_runs_them():
+def test_cli_validates_method_options_by_the_engine_that_runs_them(cli):
     """``--set seam=...`` is a vLLM row's option: checked (one clear message) before any model
     loads with ``--engine vllm``, and unknown to our engine's prove-lossless."""
-    bad = run_cli("generate", "--engine", "vllm", "--method", "prove-lossless", "--set", "seam=paged", "x")
+    bad = cli("generate", "--engine", "vllm", "--method", "prove-lossless", "--set", "seam=paged", "x")
     assert bad.returncode != 0 and "seam must be one of parallel, own-cache" in bad.stderr
-    ours = run_cli("generate", "--method", "prove-lossless", "--set", "seam=own-cache", "x")
+    ours = cli("generate", "--method", "prove-lossless", "--set", "seam=own-cache", "x")
     assert ours.returncode != 0 and "seam" in ours.stderr
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 @pytest.mark.parametrize("kind", ["prove_lossless", "prove_lossless_fused"])
 def test_prove_lossless_seeded_sampling_independent_of_batch(kind, request):
     """At T > 0 the block drafter's drafts of a seeded request come from its own generator (K
@@ -482,6 +496,7 @@ SERVED = [
 ]
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 @pytest.mark.parametrize("method, flags", SERVED)
 def test_server_serves_our_proposers(method, flags, tmp_path):
     """`python -m relaxspec.integrations.vllm.serve --method prove-lossless|sdd` (vLLM's OpenAI server,
@@ -516,6 +531,7 @@ def mars_sd():
     engine.close()
 
 
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_mars_drafted_sd_is_lossless_against_the_target(mars_sd, target_ar):
     """The block proposer drafting for the target (fine-tuned from it) through parallel drafting:
     greedy sd equals the target's AR; a relaxed rule per request accepts more."""

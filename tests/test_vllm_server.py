@@ -61,6 +61,7 @@ def server(spawned):
     return spawned.url
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_server_validates_vllm_xargs_with_400_and_keeps_serving(server):
     client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
     ok = client.completions.create(model="relaxspec", prompt="def fib(n):", max_tokens=16, temperature=0)
@@ -89,6 +90,7 @@ def test_server_validates_vllm_xargs_with_400_and_keeps_serving(server):
         assert out.usage.completion_tokens > 0
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_server_honours_api_key(server):
     wrong = openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
@@ -97,6 +99,7 @@ def test_server_honours_api_key(server):
     assert bare.status_code == 401
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_server_exports_relaxed_acceptances_per_position(server):
     client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
     client.completions.create(model="relaxspec", prompt="def fib(n):", max_tokens=32, temperature=0)
@@ -117,6 +120,7 @@ def live_routes(server: str) -> list[tuple[str, str]]:
     return [*routes, ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/openapi.json"), ("GET", "/added-later")]
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_every_route_but_health_needs_the_key(server):
     routes = live_routes(server)
     paths = {p for _, p in routes}
@@ -138,6 +142,7 @@ def test_every_route_but_health_needs_the_key(server):
         assert invoked.status_code == 401 and "choices" not in invoked.text
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_serving_flags_are_honoured(spawned):
     server = spawned.url
     client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
@@ -224,6 +229,7 @@ def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) ->
                 p.kill()
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 @pytest.mark.parametrize("method", ["nsd", "vllm-sd"])  # with the plugin, and stock vLLM
 def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path, method):
     server = spawn(tmp_path, ["--k", "4", "--max-model-len", "256"], method)
@@ -238,6 +244,7 @@ def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path, method):
         server.stop()
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
     prompts = [ex.prompt for ex in math_examples(2)] + [ex.prompt for ex in humaneval_examples(2)]
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
@@ -303,6 +310,7 @@ def test_serve_module_passes_our_proposers_options(monkeypatch):
     assert seen["k_schedule"] == [(1, 4, 8), (5, 64, 0)]
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_zz_sigterm_leaves_nothing(spawned):
     """The last test that uses the module's server: stops it (SIGTERM, as systemd would)."""
     children = descendants(spawned.process.pid)

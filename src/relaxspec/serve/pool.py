@@ -64,6 +64,7 @@ class ServingPool:
     (:mod:`relaxspec.engine.draft_length`; one policy per method, parameters and temperature).
     The models' step costs are measured at start-up (and for a model first used later, when its
     first request arrives), then corrected by every forward the pool runs.
+    clock: the time source in seconds for idle time and latencies (tests pass a fake one).
     """
 
     def __init__(
@@ -75,6 +76,7 @@ class ServingPool:
         max_queue: int = 64,
         batching: bool = True,
         adaptive_k: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if max_concurrency < 1 or max_queue < 0:
             raise RelaxSpecError("max_concurrency must be >= 1 and max_queue >= 0")
@@ -88,7 +90,8 @@ class ServingPool:
         self._waiting = 0
         self._active = 0
         self._in_flight = 0  # submitted and not returned (set up, queued or running)
-        self._idle_seconds, self._idle_since = 0.0, time.perf_counter()  # for paused_seconds
+        self._clock = clock
+        self._idle_seconds, self._idle_since = 0.0, clock()  # for paused_seconds
         self.stats = PoolStats()
         self.batcher = Batcher() if batching else None
         self.adaptive_k = adaptive_k
@@ -115,7 +118,7 @@ class ServingPool:
         with self._lock:
             idle = self._idle_seconds
             if self._idle_since is not None:
-                idle += time.perf_counter() - self._idle_since
+                idle += self._clock() - self._idle_since
         return idle + (self.batcher.prefill_seconds if self.batcher is not None else 0.0)
 
     def _costs(self, model: Any) -> LiveStepCosts:
@@ -230,14 +233,14 @@ class ServingPool:
                     f"server overloaded: {self._active} requests running and {self._waiting} queued"
                 )
             self._waiting += 1
-        started = time.perf_counter()
+        started = self._clock()
         first_chunk_at: list[float] = []
 
         def chunk_hook(text: str, ids: list[int]) -> None:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             if not first_chunk_at:
-                first_chunk_at.append(time.perf_counter() - started)
+                first_chunk_at.append(self._clock() - started)
             if on_chunk is not None:
                 on_chunk(text, ids)
 
@@ -252,7 +255,7 @@ class ServingPool:
             self._waiting -= 1
             self._active += 1
             if self._idle_since is not None:
-                self._idle_seconds += time.perf_counter() - self._idle_since
+                self._idle_seconds += self._clock() - self._idle_since
                 self._idle_since = None
         try:
             if cancel is not None and cancel.is_set():
@@ -274,7 +277,7 @@ class ServingPool:
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
-                    self._idle_since = time.perf_counter()
+                    self._idle_since = self._clock()
             self._slots.release()
         with self._lock:
             s = self.stats
@@ -283,7 +286,7 @@ class ServingPool:
             s.new_tokens += result.stats.new_tokens
             s.verifier_calls += result.stats.verifier_calls
             s.draft_calls += result.stats.draft_calls
-            s.latencies.append(time.perf_counter() - started)
+            s.latencies.append(self._clock() - started)
             if first_chunk_at:
                 s.first_token_latencies.append(first_chunk_at[0])
         return result
