@@ -3,6 +3,7 @@ every variant correct, variants that really differ, the corpus files and the ben
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections import Counter
@@ -196,3 +197,18 @@ def test_corpus_reads_back(tmp_path):
     rows = variant_rows(5, 5, 3)
     _write_jsonl(tmp_path / "codevar_train.jsonl", rows["codevar_train"])
     assert read_jsonl(tmp_path / "codevar_train.jsonl") == rows["codevar_train"]
+
+
+def test_regime_summary_reads_bench_rows(tmp_path, capsys):
+    from relaxspec.eval.regime import main, regime_line
+
+    row = {"label": "sd k=8", "method": "sd", "dataset": "codevar-combos", "temperature": 1.0,
+           "quality": 0.8, "quality_metric": "pass@1", "quality_ci": {"low": 0.65, "high": 0.9, "n": 40},
+           "tau": 2.62, "diagnostics": {"rejections": {"strict_rejected": 358, "rejected_in_nucleus": 0.0223,
+                                                         "rejected_in_top10": 0.885}}}  # fmt: skip
+    line = regime_line(row)
+    assert "0.800 [0.650–0.900] n=40" in line and "in 0.95-nucleus 2.2%" in line and "top 10 88.5%" in line
+    assert "nucleus" not in regime_line({**row, "method": "ar", "label": "ar", "diagnostics": None})
+    (tmp_path / "results.json").write_text(json.dumps({"rows": [row]}))
+    assert main([str(tmp_path)]) == 0 and "τ 2.62" in capsys.readouterr().out
+    assert main([str(tmp_path / "missing")]) == 2 and "results.json missing" in capsys.readouterr().err
