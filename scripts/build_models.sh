@@ -37,7 +37,7 @@ done_ models/target || relaxspec train ar --config target --init runs/target-ft3
 #    Not bundled yet: steps 2-5 below still start from models/target.
 VAR=codevar=0.35,mathvar=0.3,synthpipes=0.05,math_styles=0.1,synthcode=0.05,math=0.05,code=0.1
 done_ runs/target-v2/export || OMP_NUM_THREADS=1 relaxspec train ar --config target --init models/target \
-    --mixture "$VAR" --steps 700 --set lr=3e-4 --set warmup=30 --set ckpt_every=50 --set eval_every=350 \
+    --mixture "$VAR" --steps 400 --set lr=3e-4 --set warmup=30 --set ckpt_every=25 --set eval_every=200 \
     --run-dir runs/target-v2 --export runs/target-v2/export
 
 # 2. draft (1 layer, 256-d): pre-training (~11 min), then distilled into the target (DistillSpec):
