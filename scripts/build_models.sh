@@ -31,6 +31,15 @@ done_ models/target || relaxspec train ar --config target --init runs/target-ft3
     --mixture "$STYLES" --steps 400 --set lr=1.5e-4 --set warmup=10 --set seed=1 \
     --run-dir runs/target-ft4 --export models/target
 
+# 1b. the competent-and-uncertain family (issue 29, in progress; docs/models.md): fine-tune the
+#    bundled target (fine-tune 4 above) on code and math rendered with one of several equivalent
+#    correct solutions per example (codevar, mathvar), keeping some of every earlier source.
+#    Not bundled yet: steps 2-5 below still start from models/target.
+VAR=codevar=0.35,mathvar=0.3,synthpipes=0.05,math_styles=0.1,synthcode=0.05,math=0.05,code=0.1
+done_ runs/target-v2/export || OMP_NUM_THREADS=1 relaxspec train ar --config target --init models/target \
+    --mixture "$VAR" --steps 400 --set lr=3e-4 --set warmup=30 --set ckpt_every=25 --set eval_every=200 \
+    --run-dir runs/target-v2 --export runs/target-v2/export
+
 # 2. draft (1 layer, 256-d): pre-training (~11 min), then distilled into the target (DistillSpec):
 #    (the bundled draft was distilled into each bundled target in turn, the last time from the
 #    previous bundled draft into fine-tune 4: `--student models/draft --teacher runs/target-ft4/export`)

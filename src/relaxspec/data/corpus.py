@@ -21,6 +21,11 @@
 - ``math_styles_train.jsonl`` — the broadened math scenarios rendered in phrasing styles, training
   (scenario, style) pairs only; ``math_phrasing_eval.jsonl`` — the held-out (scenario, style)
   pairs (held-out phrasing families).
+- ``codevar_train.jsonl`` / ``mathvar_train.jsonl`` — code and math rendered with one of several
+  equivalent correct solutions per example (:mod:`relaxspec.data.codevartasks`,
+  :mod:`relaxspec.data.mathvariants`); ``codevar_eval`` / ``codevar_combos_eval`` /
+  ``codevar_phrasing_eval`` and ``mathvar_eval`` / ``mathvar_families_eval`` /
+  ``mathvar_phrasing_eval`` — held out by seed, by combination (scenario family) and by phrasing.
 - ``manifest.json`` — Python version, counts, held-out module list, characters per source.
 
 Token counts and the mixing ratio are recorded by the training code once a tokenizer exists
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec import atomic
-from relaxspec.data import codegen
+from relaxspec.data import codegen, codevartasks, mathvariants
 from relaxspec.data.mathgen import (
     EVAL_SEED_START,
     HELDOUT_MATH_FAMILIES,
@@ -72,6 +77,9 @@ class CorpusConfig:
     # compositional code pipelines and math phrasing styles; None: n_math_train // 2
     n_pipes_train: int | None = None
     n_math_styles_train: int | None = None
+    # code and math with equivalent solution variants (issue 29); None: n_math_train // 2
+    n_codevar_train: int | None = None
+    n_mathvar_train: int | None = None
 
     def sizes(self) -> tuple[int, int]:
         """(synthcode training tasks, broadened math training problems)."""
@@ -79,6 +87,14 @@ class CorpusConfig:
         return (
             half if self.n_synthcode_train is None else self.n_synthcode_train,
             half if self.n_math_broad_train is None else self.n_math_broad_train,
+        )
+
+    def variant_sizes(self) -> tuple[int, int]:
+        """(code tasks with solution variants, math problems with solution variants)."""
+        half = max(1, self.n_math_train // 2)
+        return (
+            half if self.n_codevar_train is None else self.n_codevar_train,
+            half if self.n_mathvar_train is None else self.n_mathvar_train,
         )
 
     def composed_sizes(self) -> tuple[int, int]:
@@ -176,6 +192,7 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
     math_eval = [r for r in math_eval if r["prompt"].split("\nAnswer:")[0] not in train_texts]
     synth = synthetic_rows(n_synthcode, n_math_broad, config.n_synth_eval)
     synth.update(composed_rows(n_pipes, n_styles, config.n_synth_eval))
+    synth.update(variant_rows(*config.variant_sizes(), config.n_synth_eval))
 
     for name, rows in [
         ("code_train", code_train),
@@ -204,6 +221,8 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
             "math_broad_train": sum(len(r["text"]) for r in synth["math_broad_train"]),
             "synthpipes_train": sum(len(r["text"]) for r in synth["synthpipes_train"]),
             "math_styles_train": sum(len(r["text"]) for r in synth["math_styles_train"]),
+            "codevar_train": sum(len(r["text"]) for r in synth["codevar_train"]),
+            "mathvar_train": sum(len(r["text"]) for r in synth["mathvar_train"]),
         },
         "heldout_modules": [r["path"] for r in code_eval],
         "math_eval_seed_start": EVAL_SEED_START,
@@ -288,4 +307,35 @@ def composed_rows(n_pipes: int, n_styles: int, n_eval: int) -> dict[str, list[di
         "synthpipes_eval": [_code_row(t, held_out=True) for t in pipes_eval],
         "math_styles_train": [_math_row(p) for p in styles_train],
         "math_phrasing_eval": [_math_row(p, held_out=True) for p in phrasing_eval],
+    }
+
+
+def variant_rows(n_code: int, n_math: int, n_eval: int) -> dict[str, list[dict]]:
+    """Code and math with equivalent solution variants: training rows and the held-out splits
+    (by seed, by combination or scenario family, by phrasing family)."""
+    if min(n_code, n_math) < 1:
+        raise RelaxSpecError("n_codevar_train and n_mathvar_train must be at least 1")
+    code_train = codevartasks.train_variant_tasks(n_code)
+    code_held = {
+        "codevar_eval": codevartasks.heldout_seed_variant_tasks(n_eval),
+        "codevar_combos_eval": codevartasks.heldout_combo_variant_tasks(n_eval),
+        "codevar_phrasing_eval": codevartasks.heldout_phrasing_variant_tasks(n_eval),
+    }
+    math_train = mathvariants.train_variant_problems(n_math)
+    math_held = {
+        "mathvar_eval": mathvariants.heldout_seed_variant_problems(n_eval),
+        "mathvar_families_eval": mathvariants.heldout_family_variant_problems(n_eval),
+        "mathvar_phrasing_eval": mathvariants.heldout_phrasing_variant_problems(n_eval),
+    }
+    train_prompts = {t.prompt for t in code_train} | {p.prompt for p in math_train}
+    held = [t.prompt for ts in code_held.values() for t in ts] + [
+        p.prompt for ps in math_held.values() for p in ps
+    ]
+    if train_prompts.intersection(held):  # pragma: no cover - excluded by construction
+        raise RelaxSpecError("a held-out variant prompt is in the training split")
+    return {
+        "codevar_train": [_code_row(t) for t in code_train],
+        **{name: [_code_row(t, held_out=True) for t in ts] for name, ts in code_held.items()},
+        "mathvar_train": [_math_row(p) for p in math_train],
+        **{name: [_math_row(p, held_out=True) for p in ps] for name, ps in math_held.items()},
     }

@@ -37,10 +37,20 @@ SOURCES = {
     "math_styles": "math_styles_train",
     "synthpipes_eval": "synthpipes_eval",
     "math_phrasing_eval": "math_phrasing_eval",
+    # equivalent solution variants (issue 29): training and held-out by seed / combination or
+    # scenario family / phrasing family
+    "codevar": "codevar_train",
+    "mathvar": "mathvar_train",
+    "codevar_eval": "codevar_eval",
+    "codevar_combos_eval": "codevar_combos_eval",
+    "codevar_phrasing_eval": "codevar_phrasing_eval",
+    "mathvar_eval": "mathvar_eval",
+    "mathvar_families_eval": "mathvar_families_eval",
+    "mathvar_phrasing_eval": "mathvar_phrasing_eval",
 }
 # The sources a training mixture may draw from (``--mixture math=0.4,synthcode=0.3,...``); the
 # others are held out.
-TRAIN_SOURCES = ("math", "code", "synthcode", "math_broad", "synthpipes", "math_styles")
+TRAIN_SOURCES = ("math", "code", "synthcode", "math_broad", "synthpipes", "math_styles", "codevar", "mathvar")
 
 
 def _tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -142,6 +152,10 @@ def training_data(
         names += ["synthpipes_eval"]
     if "math_styles" in weights:
         names += ["math_phrasing_eval"]
+    if "codevar" in weights:
+        names += ["codevar_eval", "codevar_combos_eval", "codevar_phrasing_eval"]
+    if "mathvar" in weights:
+        names += ["mathvar_eval", "mathvar_families_eval", "mathvar_phrasing_eval"]
     heldout = {
         name: fixed_windows(load_stream(corpus_dir, name, tokenizer), heldout_windows, seq_len)
         for name in names

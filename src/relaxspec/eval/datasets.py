@@ -20,6 +20,12 @@ so the benchmark, ``relaxspec eval`` and the report treat them alike. Quality me
   (:mod:`relaxspec.data.mathgen`); ``math`` stays the original generator's held-out seeds;
 - ``math-phrasing``: exact match on held-out *phrasing* families: training scenarios rendered in
   a phrasing style never trained with that scenario (the style is trained with others);
+- ``codevar`` / ``codevar-combos`` / ``codevar-phrasing``: pass@1 of the code tasks trained with
+  equivalent solution variants (:mod:`relaxspec.data.codevartasks`): held-out seeds, held-out
+  pipeline combinations, held-out phrasing families (docstring style × aggregator);
+- ``mathvar`` / ``mathvar-phrasing``: exact match on the variant math split
+  (:mod:`relaxspec.data.mathvariants`): held-out seeds of the styled generator's training
+  phrasings, held-out phrasing families (its held-out scenario families are ``math-families``);
 - a ``.jsonl`` task file (:func:`file_examples`): prompt rows, exact match where a row gives an
   integer ``answer``; or HumanEval-format rows (``task_id``, ``prompt``, ``test``,
   ``entry_point``), pass@1 in the sandbox like ``humaneval``.
@@ -34,6 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relaxspec.data.codegen import CodeTask, eval_tasks, heldout_combo_tasks, heldout_family_tasks
+from relaxspec.data.codevartasks import (
+    heldout_combo_variant_tasks,
+    heldout_phrasing_variant_tasks,
+    heldout_seed_variant_tasks,
+)
 from relaxspec.data.corpus import is_heldout_module, stdlib_modules
 from relaxspec.data.mathgen import (
     MathProblem,
@@ -43,6 +54,7 @@ from relaxspec.data.mathgen import (
     heldout_family_problems,
     heldout_phrasing_problems,
 )
+from relaxspec.data.mathvariants import heldout_phrasing_variant_problems, heldout_seed_variant_problems
 from relaxspec.errors import RelaxSpecError
 
 MATH_STOP = ("\nQuestion:",)
@@ -62,7 +74,20 @@ DATASETS = (
     "math-broad",
     "math-families",
     "math-phrasing",
+    "codevar",
+    "codevar-combos",
+    "codevar-phrasing",
+    "mathvar",
+    "mathvar-phrasing",
 )
+# The variant splits: dataset name -> (generator of held-out tasks or problems, is it code)
+_VARIANT_SETS = {
+    "codevar": (heldout_seed_variant_tasks, True),
+    "codevar-combos": (heldout_combo_variant_tasks, True),
+    "codevar-phrasing": (heldout_phrasing_variant_tasks, True),
+    "mathvar": (heldout_seed_variant_problems, False),
+    "mathvar-phrasing": (heldout_phrasing_variant_problems, False),
+}
 
 
 @dataclass
@@ -314,6 +339,10 @@ def load_examples(dataset: str, limit: int) -> list[Example]:
         examples = math_family_examples(limit, heldout_families=dataset == "math-families")
     elif dataset == "math-phrasing":
         examples = _math_rows(heldout_phrasing_problems(limit), "math-phrasing")
+    elif dataset in _VARIANT_SETS:
+        make, is_code = _VARIANT_SETS[dataset]
+        rows = make(limit)
+        examples = [_code_task_example(t) for t in rows] if is_code else _math_rows(rows, dataset)
     elif dataset.endswith(".jsonl"):
         examples = file_examples(dataset, limit)
     else:
