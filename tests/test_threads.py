@@ -21,7 +21,7 @@ from relaxspec.engine.threads import (
     resolve_threads,
 )
 from relaxspec.errors import RelaxSpecError
-from relaxspec.eval.contention import busy_neighbours, neighbour_cpus
+from relaxspec.eval.contention import SPIN, busy_neighbours, neighbour_cpus
 
 
 def write(path, text: str) -> None:
@@ -121,7 +121,7 @@ def test_busy_neighbours_run_pinned_and_stop():
         spinning = [
             p
             for p in pids
-            if _cmdline(p).endswith("-c\0while True:\n    pass\n\0") and _parent(p) == os.getpid()
+            if _cmdline(p).endswith(f"-c\0{SPIN}\0{os.getpid()}\0") and _parent(p) == os.getpid()
         ]
         assert len(spinning) == 1
         assert os.sched_getaffinity(spinning[0]) == {cpu}
@@ -133,7 +133,22 @@ def test_busy_neighbours_stop_on_error():
     with pytest.raises(KeyError), busy_neighbours(1):
         raise KeyError("boom")
     children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == os.getpid()]
-    assert all("while True" not in _cmdline(int(p)) for p in children)
+    assert all(SPIN not in _cmdline(int(p)) for p in children)
+
+
+def test_neighbours_exit_when_orphaned():
+    """A benchmark killed by a signal runs no `finally`; its neighbours stop on their own."""
+    code = (
+        "import subprocess, sys; from relaxspec.eval.contention import SPIN; "
+        "import os; p = subprocess.Popen([sys.executable, '-c', SPIN, str(os.getpid())]); "
+        "print(p.pid, flush=True)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
 
 
 @pytest.mark.parametrize("n", [-1, 65, True])

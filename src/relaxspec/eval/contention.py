@@ -15,7 +15,9 @@ from contextlib import contextmanager
 
 from relaxspec.errors import RelaxSpecError
 
-SPIN = "while True:\n    pass\n"
+# Spin, and exit once orphaned (argv[1]: the parent's pid): a benchmark killed by a signal runs
+# no `finally`, and must not leave a busy loop behind.
+SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    for _ in range(100_000):\n        pass\n"
 
 
 def neighbour_cpus(n: int, cpus: set[int]) -> list[int]:
@@ -35,7 +37,7 @@ def busy_neighbours(n: int) -> Iterator[list[int]]:
     cpus = neighbour_cpus(n, set(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else []
     try:
         for cpu in cpus:
-            proc = subprocess.Popen([sys.executable, "-c", SPIN], stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())], stdin=subprocess.DEVNULL)
             procs.append(proc)
             os.sched_setaffinity(proc.pid, {cpu})
         yield cpus
