@@ -188,3 +188,58 @@ def test_a_joining_draft_row_does_not_hold_the_target(target, unrelated_draft):
     batcher._prefill(batcher._shared_for(unrelated_draft.model), joining)
     drafting = _Request(drafter, torch.tensor([[6]]), 1)
     assert batcher._held_for_alignment([decode, drafting]) == [decode]
+
+
+@pytest.mark.parametrize("method,params", [("ar", {}), ("nsd", {"k": 5, "theta": 0.8})])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_chunked_prefills_and_long_context_lanes_keep_outputs_exact(
+    target, draft, method, params, temperature
+):
+    """Prompts of 3 to 90 tokens: the long ones are prefilled 16 tokens per step and decode in
+    lanes of their own length (issue 35); every output equals the request's output alone."""
+    models = ModelSet(target=target, draft=draft)
+    words = [f"w{i % 8}" for i in range(100)]
+    prompts = [" ".join(words[s : s + n]) for s, n in [(0, 3), (1, 50), (2, 90), (3, 20), (4, 70)]]
+    sampling = [
+        SamplingParams(temperature=temperature, max_new_tokens=12 + 3 * i, seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    alone = ServingPool(models, method, params, batching=False)
+    expected = [alone.submit(p, s).tokens for p, s in zip(prompts, sampling, strict=True)]
+    batched = ServingPool(models, method, params, batching=True)
+    assert batched.batcher is not None
+    batched.batcher.long_context, batched.batcher.prefill_chunk = 32, 16
+    out: list = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        out[i] = batched.submit(prompts[i], sampling[i]).tokens
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert out == expected
+    assert {lane for _, lane in batched.batcher._shared} == {0, 1, 2}  # 3-20, 50, 70-90 tokens
+    assert batched.batcher.lane_of(32) == 0 and batched.batcher.lane_of(33) == 1
+
+
+def test_a_chunked_prefill_keeps_the_logits_asked_for(target):
+    """Fed in chunks of 4, a 10-token prompt returns the same logits (all, or the last 1 / 6)
+    as one forward of it."""
+    from relaxspec.engine.batching import RowLM, _Request
+
+    model = target.model
+    tokens = torch.randint(3, 11, (1, 10), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        full = model(tokens).logits.float()
+    for keep in (0, 1, 6):
+        batcher = Batcher(prefill_chunk=4)
+        shared = SharedCache(model)
+        req = _Request(RowLM(model, "row", batcher), tokens, keep)
+        for _ in range(3):
+            assert req.result is None
+            batcher._prefill(shared, req)
+        assert req.prefill is None and req.row in shared.rows and req.row.length == 10
+        want = full if keep == 0 else full[:, -keep:]
+        assert req.result.shape == want.shape and (req.result - want).abs().max() < 1e-4

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relaxspec.acceptance import Exact, Lenience, Nucleus
 from relaxspec.core.sampling import SamplingParams
@@ -151,3 +153,43 @@ def test_tau_is_defined_once_and_merge_sums_every_counter():
     assert (total.proposed_tokens, total.accepted_tokens) == (7, 4)  # derived from the position lists
     d = total.to_dict()
     assert d["tau"] == 3.0 and d["proposed_tokens"] == 7 and d["accepted_tokens"] == 4
+
+
+STOPS = ["w1 w2", "w3", "w4 w4 w4", "2 w5", "w7 w0 w1 w2 w3"]
+
+
+def _first_stop(text: str, stops: list[str]) -> int:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else -1
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ids=st.lists(st.integers(3, 10), min_size=1, max_size=60),
+    cuts=st.lists(st.integers(1, 7), min_size=1, max_size=60),
+    stops=st.lists(st.sampled_from(STOPS), min_size=1, max_size=3),
+)
+def test_incremental_stop_scan_matches_a_full_rescan(tokenizer, ids, cuts, stops):
+    """Issue 35: the stop-string scan reads only the new text and the longest stop string's tail;
+    chunk by chunk it cuts where a scan of the whole text does (first stop, first token that
+    completes it)."""
+    from relaxspec.engine.loop import _TextTracker
+
+    tracker = _TextTracker(tokenizer, stops)
+    kept: list[int] = []
+    i, hit = 0, False
+    for size in cuts * 60:
+        if i >= len(ids) or hit:
+            break
+        chunk, hit = tracker.add(ids[i : i + size])
+        kept += chunk
+        i += size
+    decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
+    full = decode(ids[:i])
+    at = _first_stop(full, stops)
+    assert hit == (at >= 0)
+    if hit:
+        n = next(j for j in range(1, len(ids) + 1) if _first_stop(decode(ids[:j]), stops) >= 0)
+        assert kept == ids[:n] and tracker.text == full[:at]
+    else:
+        assert kept == ids[:i] and tracker.text == full

@@ -203,12 +203,15 @@ def test_20_mib_body_is_413_while_health_answers(url, framing):
 
 
 def test_tokenizing_a_big_prompt_does_not_block_the_event_loop(url):
-    """Just under the 2 MiB cap: ~650k tokens to count (about a second each) on worker threads."""
+    """Just under the 2 MiB cap: ~650k tokens, refused on a worker thread after counting a few
+    context-sized slices of it (issue 35: no longer all of it, which took about a second)."""
     body = b'{"prompt": "' + b"w1 " * (1_900_000 // 3) + b'"}'
     statuses: list[int] = []
 
     def send() -> None:
-        statuses.append(post(url, body).status_code)
+        r = post(url, body)
+        statuses.append(r.status_code)
+        assert r.json()["error"]["code"] == "context_length_exceeded"
 
     with HealthProbe(url) as probe:
         senders = [threading.Thread(target=send) for _ in range(2)]
@@ -217,7 +220,7 @@ def test_tokenizing_a_big_prompt_does_not_block_the_event_loop(url):
         for t in senders:
             t.join(120)
     assert statuses == [400, 400]  # longer than the context window
-    assert len(probe.latencies) >= 10 and max(probe.latencies) < 1.0, probe.latencies
+    assert probe.latencies and max(probe.latencies) < 1.0, probe.latencies
 
 
 def test_max_body_bytes_is_configurable(models):

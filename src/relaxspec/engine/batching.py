@@ -19,20 +19,31 @@ The shared cache is exact per row without copying caches around:
   ``position_ids``, so a row attends exactly to its own committed tokens, in order, as it would
   alone; holes are compacted away when they outnumber valid slots.
 
-A new row's prompt is prefilled alone and then inserted, so long prompts never pad the batch.
+A new row's prompt is prefilled alone, ``prefill_chunk`` tokens per step, and then inserted, so long
+prompts never pad the batch and never hold a step for their whole length.
+
+Lanes. A batched forward attends over the shared cache's whole physical length, so a short row
+beside a 900-token row would pay for 900 slots (holes) at every step. A row therefore joins a
+*lane* of its model by its prompt's length (0 up to ``long_context`` tokens, then one lane per
+doubling); each lane has its own shared cache and its own forward.
 
 Fair scheduling (DESIGN §7: one request must not stall the others). Lockstep alone would let one
 request with costly cycles set everyone's pace. So the batcher tells *cheap* work (a row's forward
-of at most ``long_input`` tokens, a prefill) from *costly* work: a row's forward of more tokens
-(it pads every row of the batch), and exclusive jobs, the forwards of models an engine runs
-privately — the diffusion drafter, whose block mask cannot share a batch — which are routed
-through the step loop one forward at a time. Costly work is charged to its generation's
-``credit`` (seconds), and so is, while others run, its own work between forwards (sampling, the
-rule, stop strings: it competes with theirs for the CPU and the GIL). While cheap work of others
-is waiting, a generation in debt is deferred (its work stays pending, the others step without it)
-and earns ``share`` × the time the others' step took. So beside other requests a heavy one gets
-about ``share`` seconds per second of theirs, and they keep about ``1 / (1 + share)`` of their
-pace alone; with nothing else waiting it runs at full speed (work-conserving).
+of at most ``long_input`` tokens in lane 0, a short prefill) from *costly* work: a row's forward of
+more tokens (it pads every row of the batch), every forward of a long-context lane, the chunks of a
+long prompt's prefill, and exclusive jobs, the forwards of models an engine runs privately — the
+diffusion drafter, whose block mask cannot share a batch — which are routed through the step loop
+one forward at a time. Each unit of a step (a lane's batched forward, a prefill chunk, a job) is
+timed; costly units are charged to their generations' ``credit`` (seconds), and so is, while others
+run, a generation's own work between forwards (sampling, the rule, stop strings: it competes with
+theirs for the CPU and the GIL). Cost thus follows the tokens processed and the context they attend
+to, not the number of requests. While cheap work of others is waiting, a generation in debt is
+deferred (its work stays pending, the others step without it), and the generations deferred in a
+step share ``share`` × the time the others' work took. So beside other requests all heavy ones
+together get about ``share`` seconds per second of theirs, and the others keep about
+``1 / (1 + share)`` of their pace alone, however many heavy requests there are; with nothing else
+waiting heavy work runs at full speed (work-conserving). A step runs at most one costly unit (that
+of the generation served longest ago), so a request that arrives waits at most one unit to join.
 
 Phase alignment. A batched forward runs every row of its model's shared cache (rows without
 input only carry holes), so it costs the same whether one row or all of them asked for it. Rows
@@ -51,11 +62,13 @@ rows are retried one by one. A generation whose ``cancel`` event is set leaves w
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -84,6 +97,7 @@ class _Generation:
     credit: float = 0.0  # seconds; < 0: it used more than its share of costly work (deferred)
     deferred: int = 0  # steps it was held back
     awake_since: float | None = None  # when its last forward or job returned to it
+    served: int = -1  # the last step in which its costly work ran
 
 
 @dataclass(eq=False)
@@ -94,9 +108,19 @@ class _Request:
     gen: _Generation | None = None
     job: Callable[[], Any] | None = None  # exclusive work (a private model's forward)
     held: int = 0  # consecutive steps held back for phase alignment
+    prefill: _Prefill | None = None  # a joining row's prompt, part way fed
     result: Any = None
     error: BaseException | None = None
     done: bool = False
+
+
+@dataclass(eq=False)
+class _Prefill:
+    """A joining row's prompt being fed a chunk per step into its own one-row cache."""
+
+    cache: DynamicCache
+    fed: int = 0  # prompt tokens in ``cache``
+    logits: list[torch.Tensor] = field(default_factory=list)  # [1, kept, V] per chunk
 
 
 def _layers(cache: DynamicCache):
@@ -283,6 +307,7 @@ class RowLM(CachedLM):
 
     def __init__(self, model: PreTrainedModel, name: str, batcher: Batcher) -> None:
         self.batcher = batcher
+        self.lane = 0  # which of its model's shared caches it joins (set by its prompt's length)
         super().__init__(model, name)
 
     def reset(self) -> None:
@@ -309,14 +334,20 @@ class Batcher:
     """Lockstep coordinator of the sequences registered with it (one per running request).
 
     long_input: a row's forward of more tokens than this is costly (it pads the whole batch);
-    share: the time a generation in debt earns per second the others step (see the module doc).
+    long_context: a row whose prompt has more tokens than this decodes in a lane of longer rows,
+    and all its work is costly; prefill_chunk: prompt tokens a joining row feeds per step;
+    share: the time the generations in debt earn, together, per second the others step (see the
+    module doc).
     """
 
     long_input: int = 32
+    long_context: int = 256
+    prefill_chunk: int = 32
     share: float = 0.25
     max_hold: int = 8  # steps a largest-model request may wait for smaller models' rows (phase alignment)
     active: int = 0
     steps: int = 0  # batched forward passes run
+    steps_run: int = 0  # scheduling steps
     rows_per_step: list[int] = field(default_factory=list)
     exclusive_jobs: int = 0  # private-model forwards run through the step loop
     deferrals: int = 0  # times a generation in debt was held back for a step
@@ -325,7 +356,7 @@ class Batcher:
     prefill_seconds: float = 0.0  # wall time of joining rows' prefills (the batch waits through them)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _pending: list[_Request] = field(default_factory=list)
-    _shared: dict[int, SharedCache] = field(default_factory=dict)
+    _shared: dict[tuple[int, int], SharedCache] = field(default_factory=dict)  # (id(model), lane)
     _local: threading.local = field(default_factory=threading.local)
 
     @contextmanager
@@ -384,11 +415,22 @@ class Batcher:
                     gated.append((lm, name))
         return gated
 
-    def _shared_for(self, model: PreTrainedModel) -> SharedCache:
-        shared = self._shared.get(id(model))
+    def lane_of(self, prompt_tokens: int) -> int:
+        """The lane of a row joining with this many prompt tokens: 0 up to ``long_context``, then
+        one per doubling. Each lane of a model has its own shared cache, so the forward of a short
+        row never attends over (the holes beside) a long row's slots."""
+        if prompt_tokens <= self.long_context:
+            return 0
+        return math.ceil(math.log2(prompt_tokens / self.long_context))
+
+    def _shared_for(self, model: PreTrainedModel, lane: int = 0) -> SharedCache:
+        shared = self._shared.get((id(model), lane))
         if shared is None:
-            shared = self._shared[id(model)] = SharedCache(model)
+            shared = self._shared[(id(model), lane)] = SharedCache(model)
         return shared
+
+    def _shared_of(self, row: RowLM) -> SharedCache | None:
+        return self._shared.get((id(row.model), row.lane))
 
     def submit(self, row: RowLM, tokens: torch.Tensor, keep: int) -> torch.Tensor:
         req = _Request(row, tokens.cpu(), keep, getattr(self._local, "gen", None))
@@ -420,6 +462,8 @@ class Batcher:
                 if not req.done and cancel is not None and cancel.is_set() and req in self._pending:
                     self._pending.remove(req)
                     raise Cancelled()
+                if not req.done:
+                    self._maybe_run_locked()  # e.g. the next chunk of its prefill
         if gen is not None:
             gen.awake_since = time.perf_counter()
         if req.error is not None:
@@ -427,7 +471,7 @@ class Batcher:
 
     def rollback(self, row: RowLM, length: int) -> None:
         with self._cond:
-            shared = self._shared.get(id(row.model))
+            shared = self._shared_of(row)
             if shared is not None:
                 shared.rollback(row, length)
 
@@ -436,7 +480,7 @@ class Batcher:
             self._release_locked(row)
 
     def _release_locked(self, row: RowLM) -> None:
-        shared = self._shared.get(id(row.model))
+        shared = self._shared_of(row)
         if shared is not None:
             shared.remove(row)
 
@@ -445,79 +489,146 @@ class Batcher:
     def _joining(self, req: _Request) -> bool:
         """Whether ``req`` is a row's first forward (its prompt's prefill, before it joins)."""
         assert req.row is not None
-        shared = self._shared.get(id(req.row.model))
+        shared = self._shared_of(req.row)
         return shared is None or req.row not in shared.rows
 
     def _costly(self, req: _Request) -> bool:
+        """Exclusive jobs, a prefill or forward of more than ``long_input`` tokens, and any
+        forward of a row in a long-context lane (its cost grows with the context it attends to)."""
         if req.job is not None:
             return True
         assert req.row is not None and req.tokens is not None
-        return not self._joining(req) and req.tokens.shape[1] > self.long_input
+        if self._joining(req):
+            return req.tokens.shape[1] > self.long_input
+        return req.tokens.shape[1] > self.long_input or req.row.lane > 0
 
     def _maybe_run_locked(self) -> None:
         """Run a step once every active sequence is waiting on a forward (or a job).
 
         Cheap work always runs; costly work runs if its generation is not in debt or if there is
-        no cheap work to wait for it. Deferred work stays pending for the next step.
+        no cheap work to wait for it. Deferred work and unfinished prefills stay pending for the
+        next step.
         """
-        if not self._pending or len(self._pending) < self.active:
-            return
+        if self._pending and len(self._pending) >= self.active:
+            self._step_locked()
+
+    def _step_locked(self) -> None:
+        """One step over the pending work. A waiter whose work is still pending (an unfinished
+        prefill) starts the next one when it wakes, so the lock is free between steps for a
+        request that is joining."""
         pending, self._pending = self._pending, []
+        self.steps_run += 1
         costly = [req for req in pending if self._costly(req)]
         cheap = [req for req in pending if req not in costly]
         deferred = [r for r in costly if r.gen is not None and r.gen.credit < 0] if cheap else []
         held = self._held_for_alignment([r for r in pending if r not in deferred])
         runnable = [r for r in pending if r not in deferred and r not in held]
-        charges: dict[int, float] = {}  # id(gen) -> seconds of costly work this step
-        others = 0.0  # seconds of this step spent on cheap-only work
-        groups: dict[int, list[_Request]] = {}
+        later = self._beyond_one_costly_unit(runnable, costly)
+        runnable = [r for r in runnable if r not in later]
+        charges, others = self._run_units(runnable, costly)
+        unfinished = [r for r in runnable if r.prefill is not None]
         for req in runnable:
-            if req.job is None:
+            gen = req.gen
+            if gen is not None and id(gen) in charges:
+                # beside cheap work: pay for it (debt defers the next costly work); alone: free,
+                # but an old debt is kept (else a request arriving next would find it paid off)
+                charge = charges.pop(id(gen))
+                gen.credit = min(gen.credit, 0.0) - (charge if cheap else 0.0)
+            req.done = req.prefill is None
+        debtors = {id(r.gen): r.gen for r in deferred if r.gen is not None}
+        for gen in debtors.values():  # together they earn `share` of the others' time
+            gen.credit += self.share * max(others, 1e-3) / len(debtors)
+            gen.deferred += 1
+        self.deferrals += len(deferred)
+        for req in runnable:
+            req.held = 0
+        for req in held:
+            req.held += 1
+        self.aligned_holds += len(held)
+        self._pending = deferred + held + unfinished + later
+        self._cond.notify_all()
+
+    def _beyond_one_costly_unit(self, runnable: list[_Request], costly: list[_Request]) -> list[_Request]:
+        """The costly requests that wait for a later step: a step runs one costly unit (a lane's
+        batched forward, a prefill chunk or a job), that of the generation served longest ago,
+        so a step is never longer than one such unit beside the cheap work, and a request that
+        arrives meanwhile waits at most that long to join."""
+        units: dict[tuple[int, ...], list[_Request]] = {}
+        for req in runnable:
+            if req not in costly:
+                continue
+            if req.row is not None and not self._joining(req):
+                key: tuple[int, ...] = (id(req.row.model), req.row.lane)
+            else:
+                key = (id(req),)
+            units.setdefault(key, []).append(req)
+        if len(units) < 2:
+            return []
+
+        def last_served(reqs: list[_Request]) -> int:
+            return max(r.gen.served if r.gen is not None else -1 for r in reqs)
+
+        first = min(units, key=lambda key: last_served(units[key]))
+        for req in units[first]:
+            if req.gen is not None:
+                req.gen.served = self.steps_run
+        return [req for key, reqs in units.items() if key != first for req in reqs]
+
+    def _run_units(self, runnable: list[_Request], costly: list[_Request]) -> tuple[dict[int, float], float]:
+        """Run a step's work one timed unit at a time: each (model, lane)'s batched forward, each
+        joining row's next prefill chunk, each exclusive job. A unit's seconds are charged to the
+        generations whose costly work it ran (split evenly), else they count as the others' time.
+
+        Returns (seconds charged per ``id(generation)``, the others' seconds).
+        """
+        groups: dict[tuple[int, int], list[_Request]] = {}
+        units: list[tuple[list[_Request], Callable[[], None]]] = []
+        for req in runnable:
+            if req.job is not None:
+                units.append(([req], partial(self._run_job, req)))
+            elif self._joining(req):
+                assert req.row is not None and req.tokens is not None
+                req.row.lane = self.lane_of(req.tokens.shape[1])
+                shared = self._shared_for(req.row.model, req.row.lane)
+                units.append(([req], partial(self._prefill, shared, req)))
+            else:
                 assert req.row is not None
-                groups.setdefault(id(req.row.model), []).append(req)
-        for reqs in groups.values():
+                groups.setdefault((id(req.row.model), req.row.lane), []).append(req)
+        units = [(reqs, partial(self._run_batched, reqs)) for reqs in groups.values()] + units
+        charges: dict[int, float] = {}
+        others = 0.0
+        for reqs, run in units:
             t0 = time.perf_counter()
-            self._run_group(reqs)
+            run()
             spent = time.perf_counter() - t0
             payers = [r.gen for r in reqs if r.gen is not None and r in costly]
             for gen in payers:
                 charges[id(gen)] = charges.get(id(gen), 0.0) + spent / len(payers)
             if not payers:
                 others += spent
-        for req in runnable:
-            if req.job is not None:
-                t0 = time.perf_counter()
-                try:
-                    req.result = req.job()
-                except Exception as err:
-                    req.error = err
-                self.exclusive_jobs += 1
-                if req.gen is not None:
-                    charges[id(req.gen)] = charges.get(id(req.gen), 0.0) + time.perf_counter() - t0
-        for req in runnable:
-            gen = req.gen
-            if gen is not None and id(gen) in charges:
-                # beside cheap work: pay for it (debt defers the next costly work); alone: free
-                gen.credit = min(gen.credit, 0.0) - charges.pop(id(gen)) if cheap else 0.0
-            req.done = True
-        for req in deferred:
-            assert req.gen is not None
-            req.gen.credit += self.share * max(others, 1e-3)
-            req.gen.deferred += 1
-            self.deferrals += 1
-        for req in runnable:
-            req.held = 0
-        for req in held:
-            req.held += 1
-        self.aligned_holds += len(held)
-        self._pending = deferred + held
-        self._cond.notify_all()
+        return charges, others
+
+    def _run_job(self, req: _Request) -> None:
+        assert req.job is not None
+        try:
+            req.result = req.job()
+        except Exception as err:
+            req.error = err
+        self.exclusive_jobs += 1
 
     def _held_for_alignment(self, requests: list[_Request]) -> list[_Request]:
-        """The requests to hold this step (module doc, phase alignment): those for the strictly
-        largest model while rows of smaller models are drafting (forwards of rows already in the
-        batch are pending; a joining row's prefill is not a drafting phase), unless one of them
-        was held ``max_hold`` steps in a row."""
+        """The requests to hold this step (module doc, phase alignment), lane by lane: rows of
+        different lanes never share a forward, so a long row's drafting never holds a short row."""
+        lanes: dict[int, list[_Request]] = {}
+        for req in requests:
+            if req.row is not None:  # (a joining row's prefill goes with lane 0, as before lanes)
+                lanes.setdefault(0 if self._joining(req) else req.row.lane, []).append(req)
+        return [req for reqs in lanes.values() for req in self._held_in_lane(reqs)]
+
+    def _held_in_lane(self, requests: list[_Request]) -> list[_Request]:
+        """Those for the strictly largest model while rows of smaller models are drafting
+        (forwards of rows already in the batch are pending; a joining row's prefill is not a
+        drafting phase), unless one of them was held ``max_hold`` steps in a row."""
         by_model: dict[int, list[_Request]] = {}
         for req in requests:
             if req.row is not None:
@@ -537,48 +648,55 @@ class Batcher:
             return []
         return waiting
 
-    def _run_group(self, reqs: list[_Request]) -> None:
-        shared = self._shared_for(reqs[0].row.model)
-        batched = []
-        for req in reqs:
-            if req.row not in shared.rows:  # a new row: prefill alone, then join the batch
+    def _run_batched(self, reqs: list[_Request]) -> None:
+        """One forward for the rows of ``reqs`` (one model and lane, rows already in the batch)."""
+        assert reqs[0].row is not None
+        shared = self._shared_for(reqs[0].row.model, reqs[0].row.lane)
+        try:
+            shared.forward(reqs)
+            self.steps += 1
+            self.rows_per_step.append(len(reqs))
+        except Exception as err:
+            if len(reqs) == 1:
+                reqs[0].error = err
+                return
+            for req in reqs:  # isolate the failure: each row alone, only its own fails
+                self.retried_rows += 1
                 try:
-                    self._prefill(shared, req)
-                except Exception as err:
-                    req.error = err
-            else:
-                batched.append(req)
-        if batched:
-            try:
-                shared.forward(batched)
-                self.steps += 1
-                self.rows_per_step.append(len(batched))
-            except Exception as err:
-                if len(batched) == 1:
-                    batched[0].error = err
-                    return
-                for req in batched:  # isolate the failure: each row alone, only its own fails
-                    self.retried_rows += 1
-                    try:
-                        shared.forward([req])
-                        self.steps += 1
-                        self.rows_per_step.append(1)
-                    except Exception as row_err:
-                        req.error = row_err
+                    shared.forward([req])
+                    self.steps += 1
+                    self.rows_per_step.append(1)
+                except Exception as row_err:
+                    req.error = row_err
 
     @torch.inference_mode()
     def _prefill(self, shared: SharedCache, req: _Request) -> None:
+        """Feed the next ``prefill_chunk`` tokens of a joining row's prompt (``req.prefill`` keeps
+        the progress); once all are fed, insert the row into ``shared``. Chunks let the others step
+        between the pieces of a long prompt (and its chunks are charged, see ``_costly``)."""
         t0 = time.perf_counter()
         try:
-            self._prefill_row(shared, req)
+            self._prefill_chunk(shared, req)
+        except Exception as err:
+            req.error, req.prefill = err, None
         finally:
             self.prefill_seconds += time.perf_counter() - t0
 
-    def _prefill_row(self, shared: SharedCache, req: _Request) -> None:
-        single = new_cache(req.row.model)
+    def _prefill_chunk(self, shared: SharedCache, req: _Request) -> None:
+        assert req.row is not None and req.tokens is not None
         n = req.tokens.shape[1]
-        logits = model_logits(req.row.model, req.tokens, single)
-        keep = n if req.keep == 0 else min(req.keep, n)
-        req.result = logits[:, n - keep :]
-        shared.insert(req.row, single, n)
+        state = req.prefill = req.prefill or _Prefill(new_cache(req.row.model))
+        a, b = state.fed, min(n, state.fed + self.prefill_chunk)
+        first_kept = n - (n if req.keep == 0 else min(req.keep, n))
+        kept = b - max(a, first_kept)  # this chunk's positions among those the caller wants
+        keep = 0 if kept >= b - a else max(kept, 1)  # (logits_to_keep = 0: all positions)
+        logits = model_logits(req.row.model, req.tokens[:, a:b], state.cache, keep)
+        if kept > 0:
+            state.logits.append(logits[:, logits.shape[1] - kept :])
+        state.fed = b
+        if b < n:
+            return
+        req.result = torch.cat(state.logits, dim=1) if len(state.logits) > 1 else state.logits[0]
+        shared.insert(req.row, state.cache, n)
         req.row.length = n
+        req.prefill = None

@@ -78,6 +78,7 @@ class _TextTracker:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str]) -> None:
         self.tokenizer = tokenizer
         self.stop = list(stop)
+        self.longest = max((len(s) for s in self.stop), default=0)
         self.tokens: list[int] = []
         self.emitted = 0  # characters already streamed
         self.text = ""
@@ -85,21 +86,34 @@ class _TextTracker:
     def _decode(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
-    def _stop_at(self, text: str) -> int:
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+    def _scan_from(self, text: str) -> int:
+        """Where a stop string may start in ``text`` (the previous text plus new tokens): scanning
+        covers only the new text and the longest stop string's tail before it, not all of it.
+        Text the decoder revised (an incomplete character completed) is rescanned from there."""
+        old = self.text
+        if not text.startswith(old):
+            old = old.rstrip("\ufffd")
+            if not text.startswith(old):
+                return 0
+        return max(0, len(old) - self.longest + 1)
+
+    def _stop_at(self, text: str, start: int = 0) -> int:
+        hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
         return min(hits) if hits else -1
 
     def add(self, chunk: list[int]) -> tuple[list[int], bool]:
         """Append tokens; return the ones kept (cut after a stop string) and whether one was hit."""
         text = self._decode(self.tokens + chunk)
-        if self.stop and self._stop_at(text) >= 0:
+        start = self._scan_from(text) if self.stop else 0
+        if self.stop and self._stop_at(text, start) >= 0:
             # keep tokens up to the first one that completes the stop string
             for j in range(1, len(chunk) + 1):
-                if self._stop_at(self._decode(self.tokens + chunk[:j])) >= 0:
+                shorter = self._decode(self.tokens + chunk[:j])
+                if self._stop_at(shorter, self._scan_from(shorter)) >= 0:
                     chunk = chunk[:j]
                     break
             self.tokens += chunk
-            self.text = text[: self._stop_at(text)]
+            self.text = text[: self._stop_at(text, start)]
             return chunk, True
         self.tokens += chunk
         self.text = text

@@ -65,6 +65,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, load_role, method_names
 from relaxspec.models import LoadedModel, model_dir
 from relaxspec.serve import DEFAULT_MAX_BODY_BYTES
+from relaxspec.serve.admission import PromptGate, release_memory
 from relaxspec.serve.pool import Cancelled, Overloaded, ServingPool
 
 log = logging.getLogger("relaxspec.serve.server")
@@ -79,6 +80,8 @@ MAX_STOP_STRINGS = 16  # OpenAI allows 4
 MAX_STOP_CHARS = 256  # characters per stop string
 MAX_INT = 2**31 - 1  # token ids, max_tokens, top_k
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}  # metrics label
+LARGE_BODY_BYTES = 64 * 1024  # bodies above this are parsed LARGE_BODY_PARSES at a time
+LARGE_BODY_PARSES = 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,6 +362,11 @@ class ServerConfig:
     chat_template: ChatTemplate = field(default_factory=ChatTemplate)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_key: str | None = None
+    prompt_gate: PromptGate | None = None  # None: built from the tokenizer and context length
+
+    def __post_init__(self) -> None:
+        if self.prompt_gate is None:
+            self.prompt_gate = PromptGate.for_tokenizer(self.tokenizer, self.context_length)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,18 +468,29 @@ def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) ->
 
 
 def _count_tokens(config: ServerConfig, prompt: str | list[int], param: str) -> int:
-    """Prompt length in tokens (as the engine will encode it); 400 for text that cannot be encoded."""
+    """Prompt length in tokens (as the engine will encode it); 400 for text that cannot be encoded
+    and for a prompt that cannot fit the context, found without tokenizing all of it
+    (:class:`~relaxspec.serve.admission.PromptGate`)."""
     if isinstance(prompt, list):
         return len(prompt)
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as err:
         raise bad_request(f"{param}: not valid Unicode text ({err.reason})", param, "invalid_value") from None
+    assert config.prompt_gate is not None
     try:
-        return len(config.tokenizer(prompt)["input_ids"])
+        count = config.prompt_gate.count(prompt)
     except Exception as err:
         log.warning("a %s could not be tokenized: %r", param, err)
         raise bad_request(f"{param}: cannot be tokenized", param, "invalid_value") from None
+    if count is None:
+        raise bad_request(
+            f"the prompt ({len(prompt)} characters) is longer than the model's context window of "
+            f"{config.context_length} tokens; shorten it",
+            param,
+            "context_length_exceeded",
+        )
+    return count
 
 
 def _max_tokens(
@@ -881,6 +900,8 @@ class Server:
         workers = pool.max_concurrency + pool.max_queue + max(8, pool.max_concurrency)
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relaxspec-request")
         self.runs: set[Run] = set()
+        self._large_parses: asyncio.Semaphore | None = None  # made on the event loop
+        self._large_in_flight = 0
 
     async def generate(self, request: Request, endpoint: str) -> Response:
         """Handle one completions/chat request end to end; never raises."""
@@ -907,8 +928,31 @@ class Server:
 
     async def _parse(self, request: Request, endpoint: str) -> Job:
         """Read the body (capped), then decode, validate and tokenize it on a worker thread."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > LARGE_BODY_BYTES:
+            return await self._parse_large(request, endpoint)
         raw = await self._read_body(request)
+        if len(raw) > LARGE_BODY_BYTES:  # a large body sent without a length (chunked)
+            return await self._parse_large(raw, endpoint)
         return await run_in_threadpool(self._build, raw, endpoint)
+
+    async def _parse_large(self, body: Request | bytes, endpoint: str) -> Job:
+        """A large body waits (on the event loop, holding no thread) for one of
+        :data:`LARGE_BODY_PARSES` slots before it is read, decoded and tokenized: a flood of large
+        prompts neither takes the worker threads from the small requests nor holds more than a few
+        bodies in memory at once (the others wait in their sockets). The last large request of a
+        burst gives the freed memory back to the OS."""
+        if self._large_parses is None:
+            self._large_parses = asyncio.Semaphore(LARGE_BODY_PARSES)
+        self._large_in_flight += 1
+        try:
+            async with self._large_parses:
+                raw = body if isinstance(body, bytes) else await self._read_body(body)
+                return await run_in_threadpool(self._build, raw, endpoint)
+        finally:
+            self._large_in_flight -= 1
+            if self._large_in_flight == 0:
+                await run_in_threadpool(release_memory)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, refused (413) as soon as it passes ``max_body_bytes``, whatever its framing."""
