@@ -294,7 +294,7 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, max(len(results), 1), figsize=(6 * max(len(results), 1), 5), squeeze=False)
     for ax, g in zip(axes[0], results, strict=False):
-        for r in g["rows"]:
+        for i, r in enumerate(g["rows"]):
             if _point(r) is None:
                 continue
             s, q = r["speedup"], r["quality"]
@@ -313,7 +313,7 @@ def plot(results: Sequence[dict[str, Any]], path: Path) -> None:
                 r["name"],
                 (s["estimate"], q["estimate"]),
                 fontsize=6,
-                xytext=(3, 3),
+                xytext=(3, 3 + 9 * (i % 6)),  # staggered: rows often tie on quality
                 textcoords="offset points",
             )
         ax.set_title(f"{g['dataset']}, T = {g['temperature']:g}")
