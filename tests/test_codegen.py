@@ -138,6 +138,7 @@ def test_wrong_bodies_fail_their_tests(sample):
     assert not survivors, survivors[:5]
 
 
+@pytest.mark.slow  # a sandboxed process per task
 def test_sandbox_scores_canonical_and_wrong_bodies():
     """Through the HumanEval path of the sandbox: one task per family (about 0.1 s each)."""
     from relaxspec.eval.sandbox import check_completion

@@ -33,6 +33,7 @@ def tokenizer_dir(corpus, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # builds a corpus or trains a model
 def test_corpus_is_deterministic_and_splits_are_disjoint(corpus, tmp_path):
     build_corpus(tmp_path, SMALL)
     for name in ("code_train", "code_eval", "math_train", "math_eval"):
@@ -82,6 +83,7 @@ def test_tokenizer_round_trips_text_and_special_tokens(tokenizer_dir):
     assert all(len(t.lstrip("Ġ")) == 1 for t in digits)  # digits are split one per token
 
 
+@pytest.mark.slow  # builds a corpus or trains a model
 def test_training_resumes_identically(corpus, tokenizer_dir, tmp_path):
     common = {"steps": 6, "eval_every": 3, "ckpt_every": 3, "batch_size": 4, "seq_len": 32, "lr": 1e-2}
     straight, s_state = train_ar(
@@ -105,6 +107,7 @@ def test_training_resumes_identically(corpus, tokenizer_dir, tmp_path):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow  # builds a corpus or trains a model
 def test_loss_goes_down(corpus, tokenizer_dir, tmp_path):
     _, state = train_ar(
         "tiny",

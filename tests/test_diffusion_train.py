@@ -38,6 +38,7 @@ def setup(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # the setup fixture trains a target and a drafter
 def test_train_from_target_exports_a_loadable_drafter(setup):
     root = setup
     recipe = DiffusionRecipe(gamma=4, init="target", layers=1)
@@ -59,6 +60,7 @@ def test_train_from_target_exports_a_loadable_drafter(setup):
     assert engine.generate(prompt, params).tokens == ar.generate(prompt, params).tokens
 
 
+@pytest.mark.slow  # the setup fixture trains a target and a drafter
 def test_resume_after_a_time_limit_is_identical(setup):
     root = setup
     recipe = DiffusionRecipe(gamma=4, init="scratch", scratch_preset="tiny")
@@ -75,6 +77,7 @@ def test_resume_after_a_time_limit_is_identical(setup):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow  # the setup fixture trains a target and a drafter
 def test_init_from_the_draft(setup):
     root = setup
     recipe = DiffusionRecipe(gamma=4, init="draft")
@@ -92,6 +95,7 @@ def test_init_from_the_draft(setup):
     assert getattr(model.config, CFG_FORMAT) == FORMAT
 
 
+@pytest.mark.slow  # the setup fixture trains a target and a drafter
 @pytest.mark.parametrize(
     "recipe,overrides,match",
     [

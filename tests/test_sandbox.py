@@ -603,7 +603,7 @@ def test_infinite_loop_times_out_and_is_killed(problems):
     started = time.perf_counter()
     result = check_completion(problems["HumanEval/0"], "    while True:\n        pass\n", timeout=1.0)
     assert result.status == "timed out"
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 30  # killed: the loop never ends (a loaded machine is slow)
 
 
 def test_sleeping_and_sigterm_ignoring_programs_are_killed():
@@ -614,7 +614,7 @@ def test_sleeping_and_sigterm_ignoring_programs_are_killed():
     assert refused.status == "failed" and "signal" in refused.detail, refused
     if HAVE_NAMESPACES:  # without the guard, the handler is set and the program still killed
         assert unguarded(ignore, timeout=1.0).status == "timed out"
-    assert time.perf_counter() - started < 8
+    assert time.perf_counter() - started < 30  # killed, not waited out (the sleep lasts 60 s)
 
 
 def test_deleting_files_is_refused(mode, tmp_path, problems):

@@ -61,6 +61,7 @@ def test_math_family_datasets_load(name, families):
         assert e.id.split("-")[-2] in families
 
 
+@pytest.mark.slow  # a sandboxed process per task
 def test_synthcode_scoring_through_the_sandbox():
     """The HumanEval path: a canonical body passes (also with a runaway tail), a wrong one fails."""
     tasks = codegen.eval_tasks(3) + codegen.heldout_family_tasks(3)

@@ -251,6 +251,7 @@ STATS_HOLDER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # spawns a server process per signal
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_stats_dir_removed_when_the_server_is_killed(tmp_tempdir, sig):
     holder = subprocess.Popen(
