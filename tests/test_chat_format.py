@@ -43,7 +43,10 @@ message = st.fixed_dictionaries({"role": st.sampled_from(sorted(ROLE_LABELS)), "
 def test_jinja_template_renders_what_our_server_renders(tokenizer, messages):
     ours = ChatTemplate().render([ChatMessage(**m) for m in messages])
     theirs = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert theirs == ours
+    assert theirs == tokenizer.bos_token + ours
+    # the token ids: chat prompts are tokenized without special tokens, our server's with them
+    ids = tokenizer(theirs, add_special_tokens=False)["input_ids"]
+    assert ids == tokenizer(ours)["input_ids"]
 
 
 def test_known_prompt_and_unknown_role(tokenizer):
@@ -52,9 +55,10 @@ def test_known_prompt_and_unknown_role(tokenizer):
         {"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}]},
     ]
     expected = "System: Be brief.\nUser: 2+2?\nAssistant:"
-    assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == expected
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|endoftext|>" + expected
     assert render_chat([("developer", "Be brief."), ("user", "2+2?")]) == expected
     without_cue = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    assert without_cue == expected.removesuffix("\nAssistant:")
+    assert without_cue == rendered.removesuffix("\nAssistant:")
     with pytest.raises(TemplateError, match="unsupported chat role: tool"):
         tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)

@@ -367,6 +367,31 @@ def test_default_rule_from_environment(monkeypatch):
     assert default_choice() == RuleChoice("sd")
 
 
+def test_bad_default_rule_stops_the_plugin_at_start_up(monkeypatch):
+    """A stock ``vllm serve`` with ``RELAXSPEC_VLLM_RULE`` set: a bad value fails when vLLM loads the
+    plugin (one message naming the variable), before anything is patched."""
+    import vllm.v1.sample.rejection_sampler as rs
+
+    was = plugin.is_registered()
+    plugin.unregister()
+    try:
+        for bad, msg in (("bogus", "unknown rule 'bogus'"), ('{"rule": "nsd", "theta": 2}', "theta")):
+            monkeypatch.setenv("RELAXSPEC_VLLM_RULE", bad)
+            with pytest.raises(RelaxSpecError, match=f"RELAXSPEC_VLLM_RULE=.*{msg}"):
+                plugin.register()
+            assert not plugin.is_registered()
+            assert rs.rejection_sample is not rejection.relaxed_rejection_sample
+        monkeypatch.setenv("RELAXSPEC_VLLM_RULE", '{"rule": "nsd", "theta": 0.9}')
+        plugin.register()
+        assert rejection.default_rule() == RuleChoice("nsd", {"theta": 0.9})
+    finally:
+        plugin.unregister()
+        monkeypatch.delenv("RELAXSPEC_VLLM_RULE")
+        rejection.reset_default()
+        if was:
+            plugin.register()
+
+
 def test_version_gate():
     assert plugin.check_version("0.32.0") == "0.32.0"
     assert plugin.check_version("0.32.7.dev3") == "0.32.7.dev3"

@@ -36,8 +36,11 @@ def render_chat(
 
 
 # Jinja's whitespace control ("-") keeps the template's own line breaks out of the prompt; an
-# unknown role is an error (``raise_exception`` is provided by transformers and vLLM).
+# unknown role is an error (``raise_exception`` is provided by transformers and vLLM). The prompt
+# starts with the BOS token: chat prompts are tokenized without special tokens (vLLM, transformers),
+# our own server encodes the rendered text with them — the same token ids either way.
 CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
     "{%- set labels = " + json.dumps(ROLE_LABELS) + " -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] not in labels -%}"

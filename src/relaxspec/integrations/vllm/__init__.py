@@ -102,9 +102,24 @@ def register() -> None:
     if os.environ.get(ENV_DISABLE) == "1":
         return
     check_version()
+    _check_default_rule()
     _install()
     _registered = True
     log.info("relaxspec vLLM plugin registered (pid %d)", os.getpid())
+
+
+def _check_default_rule() -> None:
+    """The process default rule (``RELAXSPEC_VLLM_RULE``, e.g. ``{"rule": "nsd", "theta": 0.9}``)
+    is validated when the plugin loads, so a bad one stops ``vllm serve`` at start-up with one
+    message rather than failing every request."""
+    from relaxspec.integrations.vllm import rejection
+    from relaxspec.integrations.vllm.rules import ENV_RULE
+
+    rejection.reset_default()
+    try:
+        rejection.default_rule()
+    except RelaxSpecError as err:
+        raise RelaxSpecError(f"{ENV_RULE}={os.environ.get(ENV_RULE)!r}: {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------
