@@ -370,7 +370,7 @@ def test_serve_wires_the_guard_and_removes_its_stats_dir_on_exception(tmp_path, 
             REGISTRY.unregister(collector)
         if not was_registered:
             plugin.unregister()
-    assert guard._config == guard.GuardConfig(api_key=KEY, max_tokens_cap=32)
+    assert guard._config == guard.GuardConfig(api_key=KEY, max_tokens_cap=32, chat_stop=("\nUser:",))
     assert seen["env_key"] is None and len(seen["stats"]) == 1
     assert not list(tmp_path.glob(f"{STATS_PREFIX}*"))
     argv = seen["argv"]
