@@ -62,3 +62,11 @@ def test_known_prompt_and_unknown_role(tokenizer):
     assert without_cue == rendered.removesuffix("\nAssistant:")
     with pytest.raises(TemplateError, match="unsupported chat role: tool"):
         tokenizer.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+
+
+def test_a_newly_trained_tokenizer_carries_the_template(tmp_path):
+    from relaxspec.train.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(["def f(x):\n    return x + 1\n"] * 20, vocab_size=300)
+    tokenizer.save_pretrained(tmp_path)
+    assert (tmp_path / "chat_template.jinja").read_text() == CHAT_TEMPLATE
