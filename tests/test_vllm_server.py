@@ -26,6 +26,7 @@ from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.integrations.vllm.serve import STATS_PREFIX
 from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer
+from relaxspec.serve.server import ChatMessage, ChatTemplate
 
 KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -88,6 +89,23 @@ def test_server_validates_vllm_xargs_with_400_and_keeps_serving(server):
             extra_body={"vllm_xargs": xargs},
         )
         assert out.usage.completion_tokens > 0
+
+
+def test_chat_completions_use_our_chat_template(server):
+    """vLLM's /v1/chat/completions renders the bundled tokenizer's chat template, the same prompt
+    our own server builds: greedy chat = greedy completion of that prompt (it used to be a 400,
+    "default chat template is no longer allowed")."""
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+3?"}]
+    same = {"model": "relaxspec", "max_tokens": 12, "temperature": 0, "stop": list(ChatTemplate().stop)}
+    same["extra_body"] = {"vllm_xargs": {"rule": "sd"}}
+    chat = client.chat.completions.create(messages=messages, **same)
+    prompt = ChatTemplate().render([ChatMessage(**m) for m in messages])
+    plain = client.completions.create(prompt=prompt, **same)
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == plain.choices[0].text
+    assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert chat.usage.completion_tokens == plain.usage.completion_tokens > 0
 
 
 @pytest.mark.slow  # spawns vLLM servers or workers
@@ -360,7 +378,7 @@ def test_serve_wires_the_guard_and_removes_its_stats_dir_on_exception(tmp_path, 
             REGISTRY.unregister(collector)
         if not was_registered:
             plugin.unregister()
-    assert guard._config == guard.GuardConfig(api_key=KEY, max_tokens_cap=32)
+    assert guard._config == guard.GuardConfig(api_key=KEY, max_tokens_cap=32, chat_stop=("\nUser:",))
     assert seen["env_key"] is None and len(seen["stats"]) == 1
     assert not list(tmp_path.glob(f"{STATS_PREFIX}*"))
     argv = seen["argv"]

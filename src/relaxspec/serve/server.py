@@ -21,7 +21,8 @@ disconnects (detected by polling while the response has not started, and by Star
 the stream afterwards) has its request's cancel event set, which stops that generation within
 one engine cycle (at its next forward when batched) and frees its slot.
 
-Chat template (our models are base LMs, not chat-tuned): each message becomes one line
+Chat template (our models are base LMs, not chat-tuned; :mod:`relaxspec.data.chat`, which the
+bundled tokenizers carry as their chat template for vLLM): each message becomes one line
 ``"<Role>: <content>"`` with roles ``System``, ``User`` and ``Assistant`` (``developer`` renders as
 ``System``), and the prompt ends with ``"Assistant:"``; generation stops at ``"\\nUser:"``.
 """
@@ -60,6 +61,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from relaxspec.core.sampling import SamplingParams
+from relaxspec.data.chat import CUE, ROLE_LABELS, STOP, render_chat
 from relaxspec.engine import GenerationResult, GenerationStats
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, load_role, method_names
@@ -308,19 +310,12 @@ def _reject_unsupported(req: _Sampling) -> None:
 class ChatTemplate:
     """Messages as plain-text turns for a base LM, ending with the assistant's cue."""
 
-    roles: tuple[tuple[str, str], ...] = (
-        ("system", "System"),
-        ("developer", "System"),
-        ("user", "User"),
-        ("assistant", "Assistant"),
-    )
-    cue: str = "Assistant:"
-    stop: tuple[str, ...] = ("\nUser:",)
+    roles: tuple[tuple[str, str], ...] = tuple(ROLE_LABELS.items())
+    cue: str = CUE
+    stop: tuple[str, ...] = STOP
 
     def render(self, messages: Iterable[ChatMessage]) -> str:
-        labels = dict(self.roles)
-        lines = [f"{labels[m.role]}: {_message_text(m)}" for m in messages]
-        return "\n".join([*lines, self.cue])
+        return render_chat(((m.role, _message_text(m)) for m in messages), dict(self.roles), self.cue)
 
 
 def _message_text(message: ChatMessage) -> str:

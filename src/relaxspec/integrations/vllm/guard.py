@@ -12,7 +12,9 @@ wraps the whole app instead, so a route a future vLLM adds is guarded without a 
 - ``max_tokens_cap``: a JSON body asking for more (``max_tokens``, ``max_completion_tokens``,
   ``max_output_tokens``) is a 400; vLLM clamps every other generation to the same cap
   (``--override-generation-config '{"max_new_tokens": CAP}'``, set by :mod:`.serve`);
-- ``default_max_tokens``: ``/v1/completions`` bodies without ``max_tokens`` get it.
+- ``default_max_tokens``: ``/v1/completions`` bodies without ``max_tokens`` get it;
+- ``chat_stop``: ``/v1/chat/completions`` bodies get these stop strings beside their own (our chat
+  format's next user turn, as our own server adds it), within OpenAI's limit of 4.
 
 vLLM builds the middleware from its import path (``--middleware``), without arguments, so
 :func:`configure` sets this process's :class:`GuardConfig` first (the API server runs in the
@@ -33,6 +35,8 @@ from relaxspec.errors import RelaxSpecError
 BUDGET_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 OPEN_PATH = "/health"  # the one path served without a key (load balancers, the load test)
 COMPLETIONS_PATH = "/v1/completions"  # where default_max_tokens applies (OpenAI's default: 16)
+CHAT_PATH = "/v1/chat/completions"  # where chat_stop applies
+MAX_STOPS = 4  # OpenAI's (and vLLM's) limit on stop strings
 MIDDLEWARE = f"{__name__}.Guard"  # what vLLM's --middleware imports
 
 
@@ -44,6 +48,7 @@ class GuardConfig:
     max_body_bytes: int | None = None
     max_tokens_cap: int | None = None
     default_max_tokens: int | None = None
+    chat_stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         key = self.api_key
@@ -102,7 +107,7 @@ def checked_body(config: GuardConfig, path: str, raw: bytes) -> bytes:
     """The body to pass on: refused (400) if it asks for more tokens than the cap; a completions
     body without ``max_tokens`` gets the default. Anything that is not a JSON object passes as is
     (vLLM answers it)."""
-    if config.max_tokens_cap is None and config.default_max_tokens is None:
+    if config.max_tokens_cap is None and config.default_max_tokens is None and not config.chat_stop:
         return raw
     if raw.lstrip()[:1] != b"{":
         return raw
@@ -117,10 +122,27 @@ def checked_body(config: GuardConfig, path: str, raw: bytes) -> bytes:
         value = body.get(name)
         if cap is not None and isinstance(value, int) and not isinstance(value, bool) and value > cap:
             raise Refusal(400, f"{name}={value} exceeds this server's limit of {cap}", "max_tokens_exceeded")
+    changed = False
     if path == COMPLETIONS_PATH and config.default_max_tokens is not None and body.get("max_tokens") is None:
         body["max_tokens"] = min(config.default_max_tokens, cap or config.default_max_tokens)
-        return json.dumps(body).encode()
-    return raw
+        changed = True
+    stops = with_stops(body.get("stop"), config.chat_stop) if path == CHAT_PATH else None
+    if stops is not None:
+        body["stop"], changed = stops, True
+    return json.dumps(body).encode() if changed else raw
+
+
+def with_stops(given: Any, extra: tuple[str, ...]) -> list[str] | None:
+    """``given`` (None, a string or a list of strings) with ``extra`` added; None where nothing is
+    to add or the result would not be a valid ``stop`` (vLLM answers the body as it is)."""
+    if given is None:
+        given = []
+    elif isinstance(given, str):
+        given = [given]
+    if not isinstance(given, list) or not all(isinstance(x, str) for x in given):
+        return None
+    stops = [*given, *(x for x in extra if x not in given)]
+    return stops if len(given) < len(stops) <= MAX_STOPS else None
 
 
 async def read_body(receive: Any, cap: int | None) -> bytes | None:

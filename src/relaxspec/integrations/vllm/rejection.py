@@ -39,6 +39,7 @@ relaxation (accepted beyond the exact rule's prefix on the same uniforms) — se
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -52,6 +53,7 @@ from relaxspec.engine.proposers.block import draw_next_block
 from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
 
 PLACEHOLDER = -1
+log = logging.getLogger("relaxspec.vllm")
 ENV_STATS_DIR = "RELAXSPEC_VLLM_STATS_DIR"
 
 # Rule of each row of the batch being sampled, set by the model-runner hook around vLLM's
@@ -211,9 +213,17 @@ def relaxed_rejection_sample(
     synthetic_conditional_rates: Tensor | None = None,
     use_fp64_gumbel: bool = False,
 ) -> Tensor:
-    """Drop-in for vLLM's ``rejection_sample`` applying each row's relaxspec rule (module doc)."""
+    """Drop-in for vLLM's ``rejection_sample`` applying each row's relaxspec rule (module doc).
+
+    vLLM's synthetic mode (``rejection_sample_method="synthetic"``: fixed acceptance rates per
+    position, for benchmarking) is no rule of ours: it takes vLLM's own path, unchanged.
+    """
     if synthetic_mode:
-        raise NotImplementedError("relaxspec's vLLM plugin does not support synthetic rejection sampling")
+        return _vllm_path(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+            target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=True,
+            synthetic_conditional_rates=synthetic_conditional_rates, use_fp64_gumbel=use_fp64_gumbel,
+        )  # fmt: skip
     batch_size = len(num_draft_tokens)
     device = target_logits.device
     out = torch.full((batch_size, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
@@ -291,6 +301,31 @@ def relaxed_rejection_sample(
     if counting:
         _flush()
     return out
+
+
+def set_vllm_sampler(fn: Any) -> None:
+    """Keep vLLM's own ``rejection_sample`` (set by ``register`` before it replaces it)."""
+    global _vllm_sampler
+    _vllm_sampler = fn
+
+
+_vllm_sampler: Any = None
+
+
+def _vllm_path(*args: Any, **kw: Any) -> Tensor:
+    """vLLM's own ``rejection_sample`` for the modes the plugin leaves to vLLM; a row that asked for
+    a relaxed rule gets vLLM's behaviour there too, with one warning per process."""
+    global _warned_vllm_path
+    if _vllm_sampler is None:
+        raise RuntimeError("vLLM's rejection_sample was not kept: load the plugin with register()")
+    choices = row_choices() or [default_rule()]
+    if not _warned_vllm_path and any(c.name != "sd" for c in choices):
+        _warned_vllm_path = True
+        log.warning("synthetic rejection sampling: vLLM's fixed acceptance rates apply, not relaxspec rules")
+    return _vllm_sampler(*args, **kw)
+
+
+_warned_vllm_path = False
 
 
 def _gate_fallback(

@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from relaxspec.data.chat import STOP
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm import guard, proposers
@@ -269,7 +270,7 @@ def serve(
     # children need not hold the key).
     from_env = os.environ.pop("VLLM_API_KEY", None)
     api_key = api_key or from_env or None
-    door = guard.GuardConfig(api_key, max_body_bytes, max_tokens_cap, default_max_tokens)
+    door = guard.GuardConfig(api_key, max_body_bytes, max_tokens_cap, default_max_tokens, chat_stop=STOP)
     limits = serving_args(max_concurrency=max_concurrency, max_tokens_cap=max_tokens_cap, log_level=log_level)
     if log_level is not None:  # before vLLM's logger is set up, and for every process it starts
         os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG" if log_level == "trace" else log_level.upper()
