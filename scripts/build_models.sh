@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the whole bundled model family from scratch, offline (DESIGN §5). Each step resumes
+# Rebuild the whole bundled model family from scratch, offline (docs/design.md §5). Each step resumes
 # from its checkpoints if interrupted (and is skipped once its export exists): rerun this script.
 # Wall times are for the 2-core CPU machine this project runs on, one core per job (see the
 # model cards and docs/models.md for the measured figures).

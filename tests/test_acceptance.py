@@ -1,4 +1,4 @@
-"""Tests for relaxspec.acceptance: rules, nucleus membership, verify (DESIGN §2)."""
+"""Tests for relaxspec.acceptance: rules, nucleus membership, verify (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -242,7 +242,7 @@ def test_topk_and_typical_sets():
 
 
 # ---------------------------------------------------------------------------------------------
-# Statistical: empirical emitted law == closed form (DESIGN §3), one vectorised call per case
+# Statistical: empirical emitted law == closed form (docs/design.md §3), one vectorised call per case
 # ---------------------------------------------------------------------------------------------
 
 N_ROWS = 200_000

@@ -1,4 +1,4 @@
-"""DESIGN §7: every entry point fails on bad input with one clear RelaxSpecError."""
+"""docs/design.md §7: every entry point fails on bad input with one clear RelaxSpecError."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 17, the server under attack: limits, isolation and authentication (DESIGN §7).
+"""Issue 17, the server under attack: limits, isolation and authentication (docs/design.md §7).
 
 - method parameters have upper bounds (shared by the CLI, the benchmark and the server), and no
   value of any type makes validation raise anything but a RelaxSpecError;

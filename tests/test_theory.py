@@ -1,4 +1,4 @@
-"""Tests for relaxspec.theory: NSD identities and sequence-level bounds (DESIGN §3; NSD App. A)."""
+"""Tests for relaxspec.theory: NSD identities and sequence-level bounds (docs/design.md §3; NSD App. A)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def test_greedy_sd_token_identical_to_stock_vllm_ar_and_sd(ours, greedy_stock):
 @pytest.mark.slow  # starts vLLM engines (or a relaxspec process)
 def test_nucleus_theta_to_zero_equals_exact(ours, greedy_stock, monkeypatch):
     """N_θ(p) → {argmax p} as θ → 0, so greedy NSD decodes exactly — except where bf16 logits tie
-    at the top: the nucleus (tie-inclusive, DESIGN §2) then also accepts a tied draft that is not
+    at the top: the nucleus (tie-inclusive, docs/design.md §2) then also accepts a tied draft that is not
     the lowest-id argmax. Prompts whose decode met such a tie are told apart and counted."""
     from relaxspec.integrations.vllm import rejection
 

@@ -1,4 +1,4 @@
-"""Public face of the acceptance rules (DESIGN §2; names fixed): the implementation is
+"""Public face of the acceptance rules (docs/design.md §2; names fixed): the implementation is
 :mod:`relaxspec.core.acceptance`, and :mod:`relaxspec.core.peer_rules` for the other engines'
 relaxed rules (``TopKDelta``, ``Threshold``, ``FLy``)."""
 

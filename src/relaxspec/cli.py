@@ -272,7 +272,7 @@ def theory(
     eps: Annotated[float | None, typer.Option(help="per-step TV bound ε for the certified horizon")] = None,
     delta_horizon: Annotated[float, typer.Option("--delta", help="coupling failure probability δ")] = 0.05,
 ) -> None:
-    """NSD theory (DESIGN §3): R, ES, TV, acceptance for p and q, or along a model-pair generation."""
+    """NSD theory (docs/design.md §3): R, ES, TV, acceptance for p and q, or along a model-pair generation."""
     from relaxspec.eval.theory_report import theory_for_distributions, theory_for_models
 
     if prompt is not None:

@@ -1,4 +1,4 @@
-"""The one exception type every public entry point raises on bad input (DESIGN §7)."""
+"""The one exception type every public entry point raises on bad input (docs/design.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Named method presets (DESIGN §4): a method is a (proposer, verifier, rule, scheduler) combination.
+"""Named method presets (docs/design.md §4): a method is a (proposer, verifier, rule, scheduler) combination.
 
 ``build_engine("nsd", target, draft, theta=0.9, k=8)`` returns a ready :class:`Engine`. Each
 preset declares the models it needs and its parameters with defaults, so unknown names and bad
@@ -82,7 +82,7 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
-# Upper bounds of the method parameters (DESIGN §7), checked by :func:`resolve_params` for the CLI,
+# Upper bounds of the method parameters (docs/design.md §7), checked by :func:`resolve_params` for the CLI,
 # the benchmark and the server alike. They bound the work of one decoding cycle, so that one request
 # can neither stall a batch for long nor hold its slot long after a cancel:
 MAX_DRAFT_TOKENS = 64  # k, gamma, block_size, k_min, skip_k: tokens drafted (and verified) per cycle
@@ -260,7 +260,7 @@ register(
 )
 
 
-# --- ProVe family (ProVe paper; DESIGN §4): a MARS block proposer with three ways to commit ---------
+# --- ProVe family (ProVe paper; docs/design.md §4): a MARS block proposer with three ways to commit ---------
 
 
 # Our operating point from the block-size sweep on the bundled models (docs/results.md): τ is
@@ -384,7 +384,7 @@ register(
     )
 )
 
-# --- Speculative diffusion decoding (VS paper; DESIGN §4): sdd, sdd-skip, sdd-periodic -------------
+# --- Speculative diffusion decoding (VS paper; docs/design.md §4): sdd, sdd-skip, sdd-periodic -------------
 #
 # All three draft with a DiffusionProposer (γ-token blocks in S denoising steps) and verify with
 # the target. ``accept`` picks the rule of ``sdd``: exact (lossless; greedy = argmax match),

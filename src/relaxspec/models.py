@@ -85,7 +85,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
 
 
 def check_compatible(verifier: PreTrainedModel, proposer: PreTrainedModel, what: str = "draft") -> None:
-    """Proposer and verifier must index the same vocabulary (DESIGN §4)."""
+    """Proposer and verifier must index the same vocabulary (docs/design.md §4)."""
     v_vocab = verifier.get_output_embeddings().weight.shape[0]
     p_vocab = proposer.get_output_embeddings().weight.shape[0]
     if v_vocab != p_vocab:

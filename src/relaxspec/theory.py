@@ -1,4 +1,4 @@
-"""Public face of the theory identities (DESIGN §3): the implementation is
+"""Public face of the theory identities (docs/design.md §3): the implementation is
 :mod:`relaxspec.core.theory`."""
 
 from relaxspec.core.theory import *  # noqa: F403

@@ -1,4 +1,4 @@
-"""Acceptance rules and the batched verification step (DESIGN §2).
+"""Acceptance rules and the batched verification step (docs/design.md §2).
 
 Every sampling-mode rule is an *acceptance function* ``h(x) ∈ [0, 1]``: draft token ``d_i`` is
 accepted iff ``u_i < h_i(d_i)`` with ``u_i ~ U(0, 1)``; the first rejection ends the block and the
@@ -58,7 +58,7 @@ NO_TOKEN = -1
 # softmax outputs, tight enough to catch logits or unnormalised scores passed by mistake.
 SUM_TOLERANCE = 1e-2
 # A residual (p − q·h)⁺ with less total mass than this is rounding noise, not a distribution:
-# recovery falls back to p (DESIGN §2). Its total mass bounds the rejection probability ρ, so
+# recovery falls back to p (docs/design.md §2). Its total mass bounds the rejection probability ρ, so
 # the fallback moves the emitted law by at most this much in total variation.
 RESIDUAL_EPS = 1e-6
 
@@ -124,7 +124,7 @@ def _nucleus_mask(p: Tensor, theta: float) -> Tensor:
 
 
 def nucleus_mask(p: Tensor, theta: float) -> Tensor:
-    """Tie-inclusive, order-free nucleus ``N_θ(p)`` (DESIGN §2; NSD §3 Eq. 1, App. B).
+    """Tie-inclusive, order-free nucleus ``N_θ(p)`` (docs/design.md §2; NSD §3 Eq. 1, App. B).
 
     ``x ∈ N_θ(p)`` ⇔ ``p(x) > 0`` and ``Σ_{y: p(y) > p(x)} p(y) < θ``. The top token is always a
     member, all tokens tied with the boundary token are members, and ``θ = 1`` gives the support.
@@ -205,7 +205,7 @@ class Rule:
 
 @dataclass(frozen=True)
 class AcceptanceRule(Rule):
-    """A rule given by an acceptance function ``h`` (DESIGN §2 table).
+    """A rule given by an acceptance function ``h`` (docs/design.md §2 table).
 
     ``h(x) = 1`` on :meth:`accept_set` and the base rule elsewhere: ``min(1, p/(ℓq))`` in sampling
     mode (``ℓ = 1`` except for :class:`Lenience`), 0 in greedy mode.
@@ -597,7 +597,7 @@ def _argmax_match(tokens: Tensor, p: Tensor) -> Tensor:
 
 
 def _verify_gate(rule: Gate, tokens: Tensor, q: Tensor, p: Tensor) -> Verdict:
-    """ProVe gate (DESIGN §2): prefix of ``q(d_i)·p(d_i) ≥ θ`` with position 1 always passing."""
+    """ProVe gate (docs/design.md §2): prefix of ``q(d_i)·p(d_i) ≥ θ`` with position 1 always passing."""
     K = tokens.shape[1]
     q_tok = q if q.dim() == 2 else _gather_last(q, tokens)
     p_tok = _gather_last(p[:, :K], tokens)
@@ -643,7 +643,7 @@ def verify(
     target_probs: Tensor,
     generator: torch.Generator | None = None,
 ) -> Verdict:
-    """Verify a batch of draft blocks with ``rule`` (DESIGN §2; NSD §3 Alg. 1).
+    """Verify a batch of draft blocks with ``rule`` (docs/design.md §2; NSD §3 Alg. 1).
 
     draft_tokens: [B, K] int, the drafts ``d_1..d_K``.
     draft_probs: [B, K, V] proposal laws ``q_i`` the drafts were drawn from; ``[B, K]`` (``q_i(d_i)``

@@ -1,7 +1,7 @@
 """Sampling controls: from raw logits to the processed distribution a request samples from.
 
 The verifier's processed distribution is ``p`` and the proposer's actual sampling law is ``q``
-(DESIGN §1): both come from :func:`processed_probs` with the request's temperature, top-k and top-p,
+(docs/design.md §1): both come from :func:`processed_probs` with the request's temperature, top-k and top-p,
 so that exact rules are exact with respect to what the user asked for, not the raw model.
 """
 
@@ -83,7 +83,7 @@ class SamplingParams:
 
 
 def check_finite(logits: torch.Tensor, who: str) -> None:
-    """Raise a clear error if a model produced NaN or Inf logits (DESIGN §7).
+    """Raise a clear error if a model produced NaN or Inf logits (docs/design.md §7).
 
     Tests the sum: it is NaN or Inf iff some logit is (a real model's logits are many orders of
     magnitude below where a float32 sum could overflow), and one reduction costs a tenth of an

@@ -1,4 +1,4 @@
-"""Closed-form single-step laws and sequence-level bounds (DESIGN §3; NSD §3 and App. A).
+"""Closed-form single-step laws and sequence-level bounds (docs/design.md §3; NSD §3 and App. A).
 
 For one position with target ``p`` and proposal ``q`` a rule with acceptance function ``h`` has
 accepted mass ``a = q·h``, rejection mass ``ρ = 1 − Σa`` and emitted law
@@ -60,7 +60,7 @@ def _check_rule(rule: Rule) -> AcceptanceRule:
     require(
         not isinstance(rule, Gate),
         "Gate has no emitted law: it emits no recovered or bonus token, so the single-step law "
-        "of DESIGN §3 is undefined for it",
+        "of docs/design.md §3 is undefined for it",
     )
     require(
         isinstance(rule, AcceptanceRule),
@@ -76,7 +76,7 @@ def _check_rule(rule: Rule) -> AcceptanceRule:
 
 
 def emitted_distribution(rule: Rule, p: Tensor, q: Tensor | None) -> Tensor:
-    """Single-step law of the emitted token, ``e = a + ρ·r`` (DESIGN §3; NSD App. A.2).
+    """Single-step law of the emitted token, ``e = a + ρ·r`` (docs/design.md §3; NSD App. A.2).
 
     p, q: [..., V] -> [..., V]. ``q`` may be None only for :class:`Greedy`, whose law is
     ``onehot(argmax p)`` whatever the proposal. Gate has no emitted law (RelaxSpecError).
@@ -171,7 +171,7 @@ def certified_horizon(eps: float, delta: float) -> int | float:
 
 
 def position_report(p: Tensor, q: Tensor, theta: float) -> dict[str, Tensor]:
-    """Per-position diagnostics along a generation for the nucleus rule (DESIGN §3 CLI).
+    """Per-position diagnostics along a generation for the nucleus rule (docs/design.md §3 CLI).
 
     p, q: [T, V] (or any [..., V]) target and proposal laws; theta ∈ (0, 1]. Returns [...] tensors:
     ``rejection_mass`` R, ``excess_in_nucleus`` ES, ``total_variation`` TV(e_NSD, p) (= ES),

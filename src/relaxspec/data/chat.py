@@ -1,4 +1,4 @@
-"""The chat format of relaxspec's base LMs: one definition for every server (DESIGN §7).
+"""The chat format of relaxspec's base LMs: one definition for every server (docs/design.md §7).
 
 Our models are base LMs, not chat-tuned: each message becomes one line ``"<Role>: <content>"``
 (roles ``System``, ``User``, ``Assistant``; ``developer`` renders as ``System``; a list of text

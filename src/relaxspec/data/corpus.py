@@ -1,4 +1,4 @@
-"""The offline training corpus (DESIGN §5): Python standard-library source + synthetic math and code.
+"""The offline training corpus (docs/design.md §5): Python standard-library source + synthetic math and code.
 
 ``build_corpus(out_dir)`` writes, deterministically:
 

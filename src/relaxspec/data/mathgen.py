@@ -1,4 +1,4 @@
-"""Synthetic grade-school math word problems with step-by-step solutions (DESIGN §5).
+"""Synthetic grade-school math word problems with step-by-step solutions (docs/design.md §5).
 
 Every problem is generated from one integer seed by ``random.Random(seed)``, so the corpus is
 reproducible on any machine and the training and evaluation sets are simply disjoint seed ranges.

@@ -1,5 +1,5 @@
 """The decoding engine: KV caches, the verifier pass, proposers, schedulers, decode-time survival
-signals, request batching, and the one loop propose → schedule → verify → rule → commit (DESIGN §4).
+signals, request batching, and the one loop propose → schedule → verify → rule → commit (docs/design.md §4).
 It builds on :mod:`relaxspec.core` (the rules) and loads no model by itself."""
 
 from relaxspec.engine.loop import CycleRecord, Engine

@@ -27,7 +27,7 @@ beside a 900-token row would pay for 900 slots (holes) at every step. A row ther
 *lane* of its model by its prompt's length (0 up to ``long_context`` tokens, then one lane per
 doubling); each lane has its own shared cache and its own forward.
 
-Fair scheduling (DESIGN §7: one request must not stall the others). Lockstep alone would let one
+Fair scheduling (docs/design.md §7: one request must not stall the others). Lockstep alone would let one
 request with costly cycles set everyone's pace. So the batcher tells *cheap* work (a row's forward
 of at most ``long_input`` tokens in lane 0, a short prefill) from *costly* work: a row's forward of
 more tokens (it pads every row of the batch), every forward of a long-context lane, the chunks of a

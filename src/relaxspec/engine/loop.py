@@ -1,6 +1,6 @@
 """The decode loop: propose → schedule → verify → rule → commit, one cycle at a time.
 
-Every method is this one loop with different parts (DESIGN §4):
+Every method is this one loop with different parts (docs/design.md §4):
 
 - AR decoding: no proposer; each cycle verifies an empty draft and emits the bonus token.
 - Speculative decoding (SD, NSD, top-k, typical, lenience): a :class:`DraftModel` proposer and an

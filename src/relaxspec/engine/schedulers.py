@@ -1,4 +1,4 @@
-"""Schedulers decide whether a cycle calls the verifier at all (verifier skipping, DESIGN §4).
+"""Schedulers decide whether a cycle calls the verifier at all (verifier skipping, docs/design.md §4).
 
 A scheduler looks at a proposal and at how many tokens have been committed without verification
 since the last verifier call, and returns how many leading draft tokens to commit *unverified*

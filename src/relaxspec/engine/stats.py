@@ -1,4 +1,4 @@
-"""Statistics of a generation, and the one definition of τ (DESIGN §1).
+"""Statistics of a generation, and the one definition of τ (docs/design.md §1).
 
 Counters are kept once: totals that a per-position list already holds (proposed and accepted
 draft tokens) are derived from it, as in vLLM's ``SpecDecodingStats``.

@@ -1,6 +1,6 @@
 """Learned survival signals for verifier skipping, and the VS paper's diagnostics.
 
-VS paper §4 (signals), §5 (H1, permutation diagnostic), App. A.7 (predictors); DESIGN §4.
+VS paper §4 (signals), §5 (H1, permutation diagnostic), App. A.7 (predictors); docs/design.md §4.
 
 For a draft block, let ``L`` be the prefix length Strict SDD accepts. Two per-position targets:
 

@@ -1,4 +1,4 @@
-"""``relaxspec bench``: a grid of methods × parameters × datasets × seeds, in one process (DESIGN §6).
+"""``relaxspec bench``: a grid of methods × parameters × datasets × seeds, in one process (docs/design.md §6).
 
 Measurement rules:
 
@@ -84,7 +84,7 @@ class BenchConfig:
     exec_timeout: float = 10.0  # seconds per HumanEval test program
     progress: bool = True
     command: str = ""  # the command line, recorded in the manifest
-    engine: str = "relaxspec"  # "vllm": methods run inside vLLM with the plugin (DESIGN §8)
+    engine: str = "relaxspec"  # "vllm": methods run inside vLLM with the plugin (docs/design.md §8)
     kernels: str = "auto"  # our engine's forwards: engine/packed.py KERNELS
     baseline: str = "ar"  # the row speedups and paired quality are measured against (label or method)
 

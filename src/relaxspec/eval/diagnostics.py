@@ -1,4 +1,4 @@
-"""Diagnostics from the papers, computed from the engine's per-cycle records (DESIGN §6).
+"""Diagnostics from the papers, computed from the engine's per-cycle records (docs/design.md §6).
 
 A :class:`Diagnostic` turns the :class:`~relaxspec.engine.loop.CycleRecord` list of one generation into
 *counters* — a JSON-able dict whose numbers add and whose lists concatenate — so that counters of

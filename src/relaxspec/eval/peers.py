@@ -1,4 +1,4 @@
-"""Runners that are not our engine: Hugging Face decoding as peers in the benchmark (DESIGN §6).
+"""Runners that are not our engine: Hugging Face decoding as peers in the benchmark (docs/design.md §6).
 
 ``hf-generate`` (plain ``generate()``), ``hf-assisted`` (assisted generation with the draft model,
 ``assistant_model=``, K tokens per round) and ``hf-lookup`` (prompt lookup decoding,

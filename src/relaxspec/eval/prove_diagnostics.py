@@ -1,4 +1,4 @@
-"""ProVe diagnostics (ProVe §3.1, App. C; DESIGN §6): how good are block proposals and gates?
+"""ProVe diagnostics (ProVe §3.1, App. C; docs/design.md §6): how good are block proposals and gates?
 
 Pure functions on tensors, plus two offline helpers that run a reference AR model (no cache, not
 timed) and :func:`analyze_cycles`, which turns the engine's :class:`~relaxspec.engine.loop.CycleRecord`

@@ -1,4 +1,4 @@
-"""``relaxspec theory``: the NSD identities (DESIGN §3) for given distributions or a model pair."""
+"""``relaxspec theory``: the NSD identities (docs/design.md §3) for given distributions or a model pair."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ For each concurrency level C, ``C`` clients send streamed ``/v1/completions`` re
 until ``requests`` have been sent. Per level (and method) it reports
 
 - **throughput**: completion tokens of all successful requests / wall-clock seconds of the level
-  (DESIGN §6: total tokens over total time, not a mean of per-request rates),
+  (docs/design.md §6: total tokens over total time, not a mean of per-request rates),
 - p50/p99 end-to-end **latency** and **time to first token** (the first non-empty text chunk),
 - failed requests (non-200 answers, error events, broken connections) and τ from the usage.
 

@@ -11,7 +11,7 @@ OpenAI features, stop strings, the context window) and then through the pool (me
 parameter bounds); bad input is answered with a 4xx and an OpenAI-style
 ``{"error": {"message", "type", "param", "code"}}`` body, a full pool with 429 and ``Retry-After``,
 and an unexpected failure with a 500 for that request only whose body says "internal error" and
-nothing more (the traceback goes to the log) (DESIGN §7). The body is read with a size cap (413)
+nothing more (the traceback goes to the log) (docs/design.md §7). The body is read with a size cap (413)
 and decoded, validated and tokenized on a worker thread, never on the event loop. With an API key,
 every endpoint but ``/health`` needs ``Authorization: Bearer <key>`` (401 otherwise).
 
@@ -75,7 +75,7 @@ log = logging.getLogger("relaxspec.serve.server")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 RETRY_AFTER_SECONDS = 1
 
-# Limits on what one request may ask for (DESIGN §7; docs/server.md "Limits").
+# Limits on what one request may ask for (docs/design.md §7; docs/server.md "Limits").
 MAX_JSON_DEPTH = 32  # nesting of the JSON body (OpenAI bodies need about 5)
 MAX_JSON_INT_DIGITS = 64  # digits of an integer in the body (more: 400 before any conversion)
 MAX_STOP_STRINGS = 16  # OpenAI allows 4

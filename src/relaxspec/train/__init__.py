@@ -1,2 +1,2 @@
-"""Training the bundled model family (DESIGN §5): tokenizer, the shared Accelerate loop, AR models,
+"""Training the bundled model family (docs/design.md §5): tokenizer, the shared Accelerate loop, AR models,
 drafter distillation, the block proposer, the diffusion drafter, survival signals; model cards."""

@@ -108,7 +108,7 @@ def export_model(
 AR_CARD_SUMMARY = {
     "target": (
         "The bundled target: a Llama-style causal LM trained from scratch on the project's offline "
-        "corpus (synthetic grade-school math and Python standard-library source, DESIGN §5). Every "
+        "corpus (synthetic grade-school math and Python standard-library source, docs/design.md §5). Every "
         "method verifies against it by default."
     ),
     "draft": (

@@ -1,7 +1,7 @@
 """``relaxspec train block``: fine-tune a causal LM into a MARS block proposer (ProVe §2).
 
 A block proposer is an ordinary decoder-only LM that has also learned to predict the next B tokens
-in one forward pass over ``[last real token, B−1 placeholders]`` (ProVe §2, DESIGN §4/§5). Training
+in one forward pass over ``[last real token, B−1 placeholders]`` (ProVe §2, docs/design.md §4/§5). Training
 feeds every window ``x[0..L)`` twice, as one sequence of length 2L with duplicated position ids:
 
     input      [ noisy copy  x̃_0 .. x̃_{L−1} | clean copy  x_0 .. x_{L−1} ]

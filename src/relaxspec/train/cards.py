@@ -1,4 +1,4 @@
-"""Model cards: the ``README.md`` next to every bundled model's weights (DESIGN §5).
+"""Model cards: the ``README.md`` next to every bundled model's weights (docs/design.md §5).
 
 A card records what a user needs to trust and reproduce a model: its architecture and size, the
 data and tokens it saw, the wall time and the exact command, and the measured metrics with the

@@ -1,4 +1,4 @@
-"""``relaxspec train diffusion``: the masked-diffusion drafter (DESIGN §5; VS paper §3).
+"""``relaxspec train diffusion``: the masked-diffusion drafter (docs/design.md §5; VS paper §3).
 
 Objective (LLaDA / MDLM): for a block of γ tokens, draw ``t ~ U(ε, 1)``, replace each block token
 by ``<|mask|>`` with probability t, and minimise the cross-entropy on the masked positions weighted
@@ -368,7 +368,7 @@ def train_diffusion(
 
 
 DIFFUSION_CARD_SUMMARY = (
-    "Block-diffusion drafter for speculative diffusion decoding (DESIGN §4-5): a Llama stack with a "
+    "Block-diffusion drafter for speculative diffusion decoding (docs/design.md §4-5): a Llama stack with a "
     "causal, cached context and one bidirectional block of γ `<|mask|>` slots; LLaDA/MDLM loss "
     "(t ~ U(ε,1) per block, CE on masked positions weighted 1/t) plus a next-token term for the first "
     "block token. Load with `relaxspec.engine.proposers.diffusion.load_diffusion`."
@@ -411,7 +411,7 @@ def record_sweep(model_dir: str | Path, result: dict) -> None:
 
 
 def write_card(model_dir: str | Path) -> Path:
-    """(Re)write ``README.md`` from ``training.json`` and, if present, ``sweep.json`` (DESIGN §5)."""
+    """(Re)write ``README.md`` from ``training.json`` and, if present, ``sweep.json`` (docs/design.md §5)."""
     out = Path(model_dir)
     training = json.loads((out / "training.json").read_text()) if (out / "training.json").is_file() else {}
     sweep = json.loads((out / "sweep.json").read_text()) if (out / "sweep.json").is_file() else None

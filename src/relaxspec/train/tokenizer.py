@@ -1,4 +1,4 @@
-"""Byte-level BPE tokenizer shared by every bundled model (DESIGN §5).
+"""Byte-level BPE tokenizer shared by every bundled model (docs/design.md §5).
 
 Digits are split one per token before BPE so that arithmetic is learnable digit by digit. Three
 special tokens are reserved: ``<|endoftext|>`` (BOS, EOS and document separator), ``<|pad|>`` and

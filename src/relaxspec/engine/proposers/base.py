@@ -1,4 +1,4 @@
-"""What every proposer returns, and the interface the engine calls (DESIGN §4)."""
+"""What every proposer returns, and the interface the engine calls (docs/design.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BlockProposer: a MARS block proposer drafts k tokens in one causal forward (ProVe §2, DESIGN §4).
+"""BlockProposer: a MARS block proposer drafts k tokens in one causal forward (ProVe §2, docs/design.md §4).
 
 One forward over ``[committed tokens not yet cached, k−1 placeholders]`` on the proposer's own
 cache yields k next-token distributions: the output at the last real token (position n−1) is the

@@ -1,6 +1,6 @@
 """Diffusion drafter: a masked-diffusion LM that drafts a whole block in S denoising steps.
 
-DESIGN §4 (Diffusion proposer); VS paper §3 (speculative diffusion decoding, SDD).
+docs/design.md §4 (Diffusion proposer); VS paper §3 (speculative diffusion decoding, SDD).
 
 The drafter is a Llama stack (Hugging Face ``LlamaForCausalLM`` weights, loadable with
 ``from_pretrained``) run with a custom 4D additive attention mask over ``[context | block]``:
@@ -22,12 +22,12 @@ probability at the step it was revealed; per-position features (hidden state at 
 confidence, entropy, margin, position, reveal step, block length) go into ``Proposal.features`` for
 the learned survival signals (:mod:`relaxspec.engine.survival`).
 
-Sampling-mode exactness (DESIGN §4). An exact (or closed-form relaxed) rule needs ``q_i``, the law
+Sampling-mode exactness (docs/design.md §4). An exact (or closed-form relaxed) rule needs ``q_i``, the law
 ``d_i`` was actually drawn from, to depend only on the draft prefix ``d_<i``:
 
 - ``reveal="left_to_right"``: ``d_i`` is drawn at its reveal step from ``q_i``, which conditions
   only on tokens to its left revealed at earlier steps — a valid autoregressive factorisation, so
-  ``Exact`` is lossless and every sampling rule's emitted law (DESIGN §3) holds. With ``S = 1`` all
+  ``Exact`` is lossless and every sampling rule's emitted law (docs/design.md §3) holds. With ``S = 1`` all
   positions are one-step marginals given the context (also exact).
 - ``reveal="confidence"`` with ``S > 1``: the reveal order depends on the sampled tokens and
   ``q_i`` may condition on tokens to its *right*; it is **exact only under greedy verification**
@@ -321,7 +321,7 @@ class DiffusionSettings:
 
 
 class DiffusionProposer(DiffusionSettings):
-    """Draft a γ-token block in S denoising steps from ``[context, γ masks]`` (DESIGN §4).
+    """Draft a γ-token block in S denoising steps from ``[context, γ masks]`` (docs/design.md §4).
 
     gamma: block length γ ≥ 1 (default: the drafter's bundled operating point, else its training
     block length); steps: denoising steps S, 1 ≤ S ≤ γ; reveal: ``"auto"``, ``"confidence"`` or

@@ -1,4 +1,4 @@
-"""relaxspec's acceptance rules inside vLLM v1, as a ``vllm.general_plugins`` plugin (DESIGN §8).
+"""relaxspec's acceptance rules inside vLLM v1, as a ``vllm.general_plugins`` plugin (docs/design.md §8).
 
 vLLM loads :func:`register` (entry point ``relaxspec``) in every process it starts — front end,
 engine core, workers — so the hooks below are in place wherever its sampler runs:

@@ -1,4 +1,4 @@
-"""Offline generation through vLLM with relaxspec's rules: :class:`VLLMEngine` (DESIGN §8).
+"""Offline generation through vLLM with relaxspec's rules: :class:`VLLMEngine` (docs/design.md §8).
 
 ``VLLMEngine("nsd", theta=0.9, k=4).generate(prompts, temperature=1.0, seed=0)`` returns one
 :class:`VLLMResult` per prompt (``text``, ``tokens`` = generated ids, ``stats`` with ``tau``).
@@ -107,7 +107,7 @@ def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = Non
     return env
 
 
-# Proposer kind -> the model role it loads by default (DESIGN §8; .proposers).
+# Proposer kind -> the model role it loads by default (docs/design.md §8; .proposers).
 PROPOSER_ROLES = {
     "draft": "draft",
     "block": "block",

@@ -1,4 +1,4 @@
-"""ProVe's block proposer and the masked-diffusion drafter as vLLM proposers (DESIGN §8, issue 13).
+"""ProVe's block proposer and the masked-diffusion drafter as vLLM proposers (docs/design.md §8, issue 13).
 
 Two seams of vLLM 0.32 carry our proposers; this module only adapts layouts — the proposers
 themselves are :mod:`relaxspec.engine.proposers` and the rules :mod:`relaxspec.core.acceptance`.

@@ -1,4 +1,4 @@
-"""vLLM's acceptance step with relaxspec rules (DESIGN §8): ragged ↔ ``[B, K]`` layouts only.
+"""vLLM's acceptance step with relaxspec rules (docs/design.md §8): ragged ↔ ``[B, K]`` layouts only.
 
 :func:`relaxed_rejection_sample` has the signature and output of
 ``vllm.v1.sample.rejection_sampler.rejection_sample``: ragged draft ids (``-1`` = no draft at

@@ -1,4 +1,4 @@
-"""Which relaxspec rule a vLLM request row uses (DESIGN §8): names, parameters, validation.
+"""Which relaxspec rule a vLLM request row uses (docs/design.md §8): names, parameters, validation.
 
 A request names its rule in ``SamplingParams.extra_args`` (OpenAI ``vllm_xargs``), e.g.
 ``{"rule": "nsd", "theta": 0.9}``; without one it gets the server / engine default, which travels

@@ -1,4 +1,4 @@
-"""vLLM rows for ``relaxspec bench`` / ``generate`` / ``loadtest`` (``--engine vllm``; DESIGN §6, §8).
+"""vLLM rows for ``relaxspec bench`` / ``generate`` / ``loadtest`` (``--engine vllm``; docs/design.md §6, §8).
 
 - our methods through vLLM + the plugin: ``ar``, ``sd``, ``nsd``, ``topk``, ``typical``,
   ``lenience`` (parameters as in :mod:`relaxspec.methods`: ``k``, ``theta``, ``accept_k``, ...);

@@ -1,4 +1,4 @@
-"""``relaxspec serve --engine vllm``: vLLM's OpenAI-compatible server with the plugin (DESIGN §8).
+"""``relaxspec serve --engine vllm``: vLLM's OpenAI-compatible server with the plugin (docs/design.md §8).
 
 :func:`serve` starts vLLM's own API server (``vllm serve``'s code path) on the target model with
 vLLM's draft-model proposer, after setting, for every vLLM process it starts:
