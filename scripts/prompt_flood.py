@@ -21,25 +21,6 @@ from relaxspec.serve.server import (
     serving_tokenizer_and_context,
 )
 
-CLIENT = """
-import asyncio, collections, json, sys
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-body = json.dumps({"prompt": "the cat sat on the mat. " * (2_000_000 // 24), "max_tokens": 4}).encode()
-head = (f"POST /v1/completions HTTP/1.1\\r\\nhost: {host}\\r\\ncontent-type: application/json\\r\\n"
-        f"content-length: {len(body)}\\r\\nconnection: close\\r\\n\\r\\n").encode()
-async def one():
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(head + body)
-    await writer.drain()
-    status = (await reader.readline()).split()[1].decode()
-    await reader.read()
-    writer.close()
-    return status
-async def main():
-    return collections.Counter(await asyncio.gather(*(one() for _ in range(n))))
-print(json.dumps(asyncio.run(main())))
-"""
-
 
 def rss_gb() -> float:
     with open("/proc/self/status") as f:
@@ -76,7 +57,17 @@ with BackgroundServer(app) as url, httpx.Client(base_url=url, timeout=900) as c:
     alone = statistics.median(timed() for _ in range(5))
     host, port = url.removeprefix("http://").split(":")
     flood = subprocess.Popen(
-        [sys.executable, "-c", CLIENT, host, port, str(n_clients)], stdout=subprocess.PIPE, text=True
+        [
+            sys.executable,
+            "-m",
+            "relaxspec.serve.flood",
+            host,
+            port,
+            str(n_clients),
+            "the cat sat on the mat. ",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     time.sleep(0.5)
     beside = timed()

@@ -136,26 +136,6 @@ def test_heaviest_legal_requests_keep_a_normal_one_near_its_pace(models, kind):
 
 FLOOD_CLIENTS = 40
 
-# 40 connections from one thread of another process (clients that cost the server's CPU nothing).
-FLOOD = """
-import asyncio, collections, json, sys
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-body = json.dumps({"prompt": "w1 w2 w3 " * (2_000_000 // 9), "max_tokens": 4}).encode()
-head = (f"POST /v1/completions HTTP/1.1\\r\\nhost: {host}\\r\\ncontent-type: application/json\\r\\n"
-        f"content-length: {len(body)}\\r\\nconnection: close\\r\\n\\r\\n").encode()
-async def one():
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(head + body)
-    await writer.drain()
-    status = (await reader.readline()).split()[1].decode()
-    await reader.read()
-    writer.close()
-    return status
-async def main():
-    return collections.Counter(await asyncio.gather(*(one() for _ in range(n))))
-print(json.dumps(asyncio.run(main())))
-"""
-
 
 def _rss_gb() -> float:
     with open("/proc/self/status") as f:
@@ -193,7 +173,7 @@ def test_a_flood_of_2_mb_prompts_does_not_stall_a_normal_request():
         host, port = url.removeprefix("http://").split(":")
         ratios, peak = [], _rss_gb()
         for _ in range(2):  # a second flood only if the first ran into noise on a busy machine
-            command = [sys.executable, "-c", FLOOD, host, port, str(FLOOD_CLIENTS)]
+            command = [sys.executable, "-m", "relaxspec.serve.flood", host, port, str(FLOOD_CLIENTS)]
             flood = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
             beside = []
             while flood.poll() is None:
