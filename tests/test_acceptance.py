@@ -26,6 +26,7 @@ from relaxspec.acceptance import (
     verify,
 )
 from relaxspec.errors import RelaxSpecError
+from relaxspec.testing import LAW_CASES
 from relaxspec.testing import law_chi2_pvalue as chi2_pvalue
 from relaxspec.theory import emitted_distribution
 
@@ -246,16 +247,7 @@ def test_topk_and_typical_sets():
 # ---------------------------------------------------------------------------------------------
 
 N_ROWS = 200_000
-LAWS = {
-    "generic": (
-        [0.33, 0.22, 0.15, 0.12, 0.08, 0.06, 0.04, 0.0],
-        [0.08, 0.30, 0.28, 0.04, 0.12, 0.06, 0.07, 0.05],
-    ),
-    "ties": (
-        [0.25, 0.25, 0.125, 0.125, 0.125, 0.125, 0.0, 0.0],
-        [0.05, 0.30, 0.30, 0.05, 0.10, 0.10, 0.10, 0.0],
-    ),
-}
+LAWS = LAW_CASES
 # Laws for positions 2.. so that an indexing mistake shows up in the position-1 marginal.
 OTHER_P = [0.05, 0.05, 0.1, 0.1, 0.2, 0.2, 0.15, 0.15]
 OTHER_Q = [0.4, 0.05, 0.05, 0.1, 0.1, 0.1, 0.1, 0.1]

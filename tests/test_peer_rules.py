@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from relaxspec.acceptance import Exact, FLy, Greedy, Threshold, TopKDelta, Verdict, fly_entropy, verify
 from relaxspec.errors import RelaxSpecError
+from relaxspec.testing import LAW_CASES
 from relaxspec.testing import law_chi2_pvalue as chi2_pvalue
 from relaxspec.theory import (
     emitted_distribution,
@@ -28,16 +29,7 @@ from relaxspec.theory import (
 
 N_ROWS = 200_000
 # (p, q) with a generic law and one with ties and zeros (the tied boundary decides membership).
-LAWS = {
-    "generic": (
-        [0.33, 0.22, 0.15, 0.12, 0.08, 0.06, 0.04, 0.0],
-        [0.08, 0.30, 0.28, 0.04, 0.12, 0.06, 0.07, 0.05],
-    ),
-    "ties": (
-        [0.25, 0.25, 0.125, 0.125, 0.125, 0.125, 0.0, 0.0],
-        [0.05, 0.30, 0.30, 0.05, 0.10, 0.10, 0.10, 0.0],
-    ),
-}
+LAWS = LAW_CASES
 PEER_RULES = [
     TopKDelta(3, 0.2),
     TopKDelta(8, 1.0),

@@ -259,3 +259,17 @@ def vllm_server(method: str, args: Sequence[str], log_dir: Path, api_key: str | 
         yield server.url
     finally:
         server.stop()
+
+
+# (p, q) pairs for the statistical rule tests: a generic law and one with ties and zeros (the tied
+# boundary decides membership).
+LAW_CASES = {
+    "generic": (
+        [0.33, 0.22, 0.15, 0.12, 0.08, 0.06, 0.04, 0.0],
+        [0.08, 0.30, 0.28, 0.04, 0.12, 0.06, 0.07, 0.05],
+    ),
+    "ties": (
+        [0.25, 0.25, 0.125, 0.125, 0.125, 0.125, 0.0, 0.0],
+        [0.05, 0.30, 0.30, 0.05, 0.10, 0.10, 0.10, 0.0],
+    ),
+}
