@@ -18,6 +18,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,6 +30,19 @@ KEY = "sk-test"
 SPEC = {"method": "draft_model", "model": str(ROOT / "models/draft"), "num_speculative_tokens": 4,
         "draft_sample_method": "probabilistic"}  # fmt: skip
 PROMPTS = ["def fib(n):", "def is_prime(n):", "for i in range(", "class Stack:"]
+
+
+LOGS: dict[str, Path] = {}  # server URL -> its log
+
+
+@contextmanager
+def server_log_on_failure(base: str) -> Iterator[None]:
+    """Re-raise a failure with the tail of the server's log: a 500's root cause is only there."""
+    try:
+        yield
+    except Exception as err:
+        tail = LOGS[base].read_text(errors="replace")[-6000:]
+        raise AssertionError(f"{err}\n--- vLLM server log (tail) ---\n{tail}") from err
 
 
 def free_port() -> int:
@@ -63,6 +78,7 @@ def url(tmp_path_factory):
             time.sleep(2)
         else:
             raise TimeoutError(log.read_text(errors="replace")[-3000:])
+        LOGS[base] = log
         yield base
     finally:
         proc.terminate()
@@ -92,26 +108,36 @@ def acceptance(base: str, client: openai.OpenAI, xargs: dict | None) -> tuple[fl
 
 
 def test_rules_per_request_and_per_server_on_vllms_own_server(url):
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-    exact, exact_texts = acceptance(url, client, {"rule": "sd"})
-    _, default_texts = acceptance(url, client, None)  # the server's: nsd θ = 0.95
-    relaxed, relaxed_texts = acceptance(url, client, {"rule": "nsd", "theta": 0.95})
-    assert default_texts == relaxed_texts != exact_texts  # greedy: deterministic per rule
-    assert relaxed > exact + 0.3, (exact, relaxed)
-    # the exact rule is greedy decoding of the target: the same text as a second time, any batch
-    assert acceptance(url, client, {"rule": "exact"})[1] == exact_texts
-    for bad, msg in (({"rule": "bogus"}, "unknown rule 'bogus'"), ({"rule": "nsd", "theta": 1.5}, "theta")):
-        with pytest.raises(openai.BadRequestError, match=msg) as err:
-            extra = {"vllm_xargs": bad}
-            client.completions.create(model="target", prompt="x", max_tokens=4, extra_body=extra)
-        assert err.value.status_code == 400
-    assert client.completions.create(model="target", prompt="x = ", max_tokens=4).usage.completion_tokens == 4
-    chat = client.chat.completions.create(
-        model="target", messages=[{"role": "user", "content": "What is 2+3?"}], max_tokens=8, stop=["\nUser:"]
-    )
-    assert chat.choices[0].message.content
-    with pytest.raises(openai.AuthenticationError):  # vLLM's own --api-key
-        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+    with server_log_on_failure(url):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        exact, exact_texts = acceptance(url, client, {"rule": "sd"})
+        _, default_texts = acceptance(url, client, None)  # the server's: nsd θ = 0.95
+        relaxed, relaxed_texts = acceptance(url, client, {"rule": "nsd", "theta": 0.95})
+        assert default_texts == relaxed_texts != exact_texts  # greedy: deterministic per rule
+        assert relaxed > exact + 0.3, (exact, relaxed)
+        # the exact rule is greedy decoding of the target: the same text as a second time, any batch
+        assert acceptance(url, client, {"rule": "exact"})[1] == exact_texts
+        for bad, msg in (
+            ({"rule": "bogus"}, "unknown rule 'bogus'"),
+            ({"rule": "nsd", "theta": 1.5}, "theta"),
+        ):
+            with pytest.raises(openai.BadRequestError, match=msg) as err:
+                extra = {"vllm_xargs": bad}
+                client.completions.create(model="target", prompt="x", max_tokens=4, extra_body=extra)
+            assert err.value.status_code == 400
+        assert (
+            client.completions.create(model="target", prompt="x = ", max_tokens=4).usage.completion_tokens
+            == 4
+        )
+        chat = client.chat.completions.create(
+            model="target",
+            messages=[{"role": "user", "content": "What is 2+3?"}],
+            max_tokens=8,
+            stop=["\nUser:"],
+        )
+        assert chat.choices[0].message.content
+        with pytest.raises(openai.AuthenticationError):  # vLLM's own --api-key
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
 
 
 def test_bad_server_default_rule_fails_when_vllm_loads_the_plugin():
