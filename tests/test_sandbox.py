@@ -694,6 +694,33 @@ def test_sandbox_mode_can_be_forced_or_required(monkeypatch):
         sandbox._mode.__wrapped__()
 
 
+def test_a_transient_probe_failure_does_not_demote_the_sandbox(monkeypatch):
+    """Under heavy load one namespace probe timed out and a whole bench process fell back to the
+    guard-only mode (refused as root): the probe is retried before namespaces are given up."""
+    calls = []
+
+    def flaky(spec, limits, mode, as_nobody, tests=None):
+        calls.append(limits.timeout)
+        if len(calls) == 1:
+            return sandbox.ExecResult("timed out", "probe timed out", mode)
+        return sandbox.ExecResult("passed", "", mode)
+
+    monkeypatch.setenv("RELAXSPEC_SANDBOX", "auto")
+    monkeypatch.setattr(sandbox, "_execute", flaky)
+    assert sandbox._mode.__wrapped__()[0] == NAMESPACES
+    assert calls == [30, 60]  # a longer timeout on the retry
+    calls.clear()
+    monkeypatch.setattr(
+        sandbox,
+        "_execute",
+        lambda *a, **k: calls.append(1) or sandbox.ExecResult("error", "EPERM", NAMESPACES),
+    )
+    monkeypatch.setenv("RELAXSPEC_SANDBOX", "namespaces")
+    with pytest.raises(RelaxSpecError, match="unavailable here: EPERM"):
+        sandbox._mode.__wrapped__()
+    assert len(calls) == 3  # given up only after every attempt failed
+
+
 def test_bench_records_and_rows_carry_the_isolation(problems):
     from relaxspec.eval.bench import run_cell
     from relaxspec.eval.results import COLUMNS, Row, sandbox_of

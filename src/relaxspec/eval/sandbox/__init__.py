@@ -107,10 +107,7 @@ def _mode() -> tuple[str, bool, str]:
         raise RelaxSpecError(f"RELAXSPEC_SANDBOX must be auto, {NAMESPACES} or {GUARD_ONLY}, got {want!r}")
     why = "forced by RELAXSPEC_SANDBOX"
     if want != GUARD_ONLY:
-        try:
-            result = _execute({"program": "pass\n"}, Limits(timeout=30), NAMESPACES, False)
-        except (OSError, subprocess.SubprocessError) as err:
-            result = ExecResult("error", f"sandbox setup failed: {err}", NAMESPACES)
+        result = _probe_namespaces()
         if result.passed:
             return NAMESPACES, False, ""
         why = result.detail
@@ -129,6 +126,22 @@ def _mode() -> tuple[str, bool, str]:
             f"{runner._python()} under a directory that uid cannot enter?); namespaces: {why}"
         )
     return GUARD_ONLY, True, why
+
+
+def _probe_namespaces(attempts: int = 3) -> ExecResult:
+    """Run a trivial program in the namespace sandbox, up to ``attempts`` times: on a loaded
+    machine one probe can time out or fail to set up, and one transient failure must not demote
+    the whole process to the guard-only mode (where the kernel refuses namespaces, every attempt
+    fails within milliseconds)."""
+    result = ExecResult("error", "not probed", NAMESPACES)
+    for attempt in range(attempts):
+        try:
+            result = _execute({"program": "pass\n"}, Limits(timeout=30 * 2**attempt), NAMESPACES, False)
+        except (OSError, subprocess.SubprocessError) as err:
+            result = ExecResult("error", f"sandbox setup failed: {err}", NAMESPACES)
+        if result.passed:
+            break
+    return result
 
 
 def isolation() -> str:
