@@ -22,6 +22,7 @@ report alike. A crash in one cell is recorded in that cell and the grid goes on.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import sys
@@ -418,10 +419,23 @@ def warm_up(
     return runners, broken
 
 
+def example_seed(seed: int, example_id: str) -> int:
+    """The sampler's seed for one prompt of a cell with seed ``seed``: a stable 63-bit hash of both.
+
+    One seed for every prompt would draw the same uniform stream for each of them, so their
+    outcomes would be correlated (one unlucky stream sinks many prompts together) and intervals
+    that treat prompts as independent would be too narrow. Every row of a grid uses the same
+    per-prompt seeds, so rows stay paired.
+    """
+    digest = hashlib.blake2b(f"{seed}:{example_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 def run_cell(runner: Runner, ex: Example, seed: int, exec_timeout: float) -> dict[str, Any]:
-    """One timed generation plus its (untimed) quality score, as record fields; errors recorded."""
+    """One timed generation plus its (untimed) quality score, as record fields; errors recorded.
+    ``seed`` is the cell's; the sampler gets :func:`example_seed` of it and the prompt."""
     try:
-        out = runner(ex, seed, None)
+        out = runner(ex, example_seed(seed, ex.id), None)
         quality, sandbox = ex.evaluate(out["text"], exec_timeout)
         return {**out, "metric": ex.metric, "quality": quality, "sandbox": sandbox, "error": None}
     except Exception as err:  # recorded in the cell, the grid goes on
