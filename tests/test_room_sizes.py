@@ -33,7 +33,6 @@ ALLOWED_FUNCTIONS: dict[str, str] = {
     "eval/sandbox/harness.py:_install_guard": "not split yet",
     "eval/sandbox/harness.py:_harness": "not split yet",
     "eval/sandbox/wire.py:codec": "not split yet",
-    "serve/pool.py:_submit": "not split yet",
     "train/ar.py:train_ar": "not split yet",
     "train/block.py:train_block": "not split yet",
     "train/diffusion.py:train_diffusion": "not split yet",
