@@ -30,15 +30,16 @@ ALLOWED_FILES = (
 )
 # Over a limit, not yet split: "path:function" -> why it waits.
 ALLOWED_FUNCTIONS: dict[str, str] = {
-    "eval/sandbox/harness.py:_install_guard": "not split yet",
-    "eval/sandbox/harness.py:_harness": "not split yet",
-    "eval/sandbox/wire.py:codec": "not split yet",
-    "train/ar.py:train_ar": "not split yet",
-    "train/block.py:train_block": "not split yet",
-    "train/diffusion.py:train_diffusion": "not split yet",
-    "train/distill.py:build_distill_data": "not split yet",
-    "train/distill.py:train_distill": "not split yet",
-    "train/loop.py:train": "not split yet",
+    # The sandbox's defences capture every builtin they use in one enclosing scope, so that a
+    # program that monkeypatches builtins or module globals cannot reach them; splitting these
+    # needs the same care and a pass of tests/test_sandbox_attacks.py.
+    "eval/sandbox/harness.py:_install_guard": "closure-captured builtins (sandbox guard)",
+    "eval/sandbox/harness.py:_harness": "closure-captured builtins (sandbox harness)",
+    "eval/sandbox/wire.py:codec": "closure-captured builtins (wire codec)",
+    # Called with these flags by cli.py, which another helper is splitting into command groups:
+    # a settings object for them belongs with that change.
+    "train/diffusion.py:train_diffusion": "12 parameters, one per `train diffusion` flag",
+    "train/distill.py:build_distill_data": "12 parameters, one per `train distill-data` flag",
 }
 
 
