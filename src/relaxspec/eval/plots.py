@@ -9,9 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from relaxspec.eval.rows import (
-    Row,
-)
+from relaxspec.eval.rows import Row
 
 FAMILY_STYLE = {  # colour, marker
     "autoregressive": ("black", "s"),

@@ -26,10 +26,7 @@ import torch
 
 from relaxspec import atomic
 from relaxspec.errors import RelaxSpecError
-from relaxspec.eval.rows import (
-    Cell,
-    latest_records,
-)
+from relaxspec.eval.rows import Cell, latest_records
 
 RECORDS = "records.jsonl"
 MANIFEST = "manifest.json"

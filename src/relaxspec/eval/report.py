@@ -37,18 +37,8 @@ from relaxspec.eval.plots import (
     plot_tau,
     sweeps,
 )
-from relaxspec.eval.records import (
-    load_manifest,
-    load_records,
-)
-from relaxspec.eval.rows import (
-    ALL_SEEDS,
-    Row,
-    Timings,
-    build_rows,
-    cell_timings,
-    speed_between,
-)
+from relaxspec.eval.records import load_manifest, load_records
+from relaxspec.eval.rows import ALL_SEEDS, Row, Timings, build_rows, cell_timings, speed_between
 from relaxspec.eval.tables import (
     COLUMNS,
     QUALITY_NOTE,

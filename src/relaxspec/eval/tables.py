@@ -14,10 +14,7 @@ from typing import Any
 
 from relaxspec import atomic
 from relaxspec.eval import intervals
-from relaxspec.eval.rows import (
-    ALL_SEEDS,
-    Row,
-)
+from relaxspec.eval.rows import ALL_SEEDS, Row
 
 
 def _quality(r: Row) -> str:

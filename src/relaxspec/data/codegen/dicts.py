@@ -5,15 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from relaxspec.data.codegen.pools import (
-    DICT_ARGS,
-    KEYS,
-    _dict,
-)
-from relaxspec.data.codegen.task import (
-    _family,
-    _Spec,
-)
+from relaxspec.data.codegen.pools import DICT_ARGS, KEYS, _dict
+from relaxspec.data.codegen.task import _family, _Spec
 
 
 def _dict_family(

@@ -16,13 +16,7 @@ import random
 from collections.abc import Sequence
 
 from relaxspec.data.codegen import dicts, ints, lists, strings  # noqa: F401  (each registers its families)
-from relaxspec.data.codegen.task import (
-    _FAMILIES,
-    EVAL_SEED_START,
-    CodeTask,
-    _build_task,
-    is_heldout_spec,
-)
+from relaxspec.data.codegen.task import _FAMILIES, EVAL_SEED_START, CodeTask, _build_task, is_heldout_spec
 from relaxspec.errors import RelaxSpecError
 
 FAMILIES: tuple[str, ...] = tuple(sorted(_FAMILIES))

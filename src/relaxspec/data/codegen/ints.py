@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import random
 
-from relaxspec.data.codegen.pools import (
-    INT_ARGS,
-    _product,
-)
-from relaxspec.data.codegen.task import (
-    _family,
-    _Spec,
-)
+from relaxspec.data.codegen.pools import INT_ARGS, _product
+from relaxspec.data.codegen.task import _family, _Spec
 
 
 @_family("clamp")

@@ -5,15 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from relaxspec.data.codegen.pools import (
-    LIST_ARGS,
-    _ints,
-    _product,
-)
-from relaxspec.data.codegen.task import (
-    _family,
-    _Spec,
-)
+from relaxspec.data.codegen.pools import LIST_ARGS, _ints, _product
+from relaxspec.data.codegen.task import _family, _Spec
 
 
 def _list_family(

@@ -18,24 +18,9 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 
-from relaxspec.data.codegen.pieces import (
-    _PIECES,
-    _draw_const,
-    _Piece,
-)
-from relaxspec.data.codegen.pools import (
-    LIST_ARGS,
-    STR_ARGS,
-    WORDS,
-    _ints,
-    _sentence,
-)
-from relaxspec.data.codegen.task import (
-    EVAL_SEED_START,
-    CodeTask,
-    _build_task,
-    _Spec,
-)
+from relaxspec.data.codegen.pieces import _PIECES, _draw_const, _Piece
+from relaxspec.data.codegen.pools import LIST_ARGS, STR_ARGS, WORDS, _ints, _sentence
+from relaxspec.data.codegen.task import EVAL_SEED_START, CodeTask, _build_task, _Spec
 from relaxspec.errors import RelaxSpecError
 
 PIPELINE_HELDOUT_BUCKETS = 8  # about one combination in eight is a held-out candidate

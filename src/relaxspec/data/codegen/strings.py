@@ -5,17 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from relaxspec.data.codegen.pools import (
-    PALINDROMES,
-    STR_ARGS,
-    WORD_ARGS,
-    WORDS,
-    _sentence,
-)
-from relaxspec.data.codegen.task import (
-    _family,
-    _Spec,
-)
+from relaxspec.data.codegen.pools import PALINDROMES, STR_ARGS, WORD_ARGS, WORDS, _sentence
+from relaxspec.data.codegen.task import _family, _Spec
 
 
 def _str_family(

@@ -13,20 +13,8 @@ import random
 from collections.abc import Callable, Sequence
 
 from relaxspec.data.mathgen.heldout_stories import _ages, _bus, _legs, _orchard, _tank, _timing
-from relaxspec.data.mathgen.original import (
-    _batches,
-    _compare,
-    _inventory,
-    _rate,
-    _shopping,
-)
-from relaxspec.data.mathgen.problem import (
-    EVAL_SEED_START,
-    MathProblem,
-    Story,
-    _Retry,
-    _Steps,
-)
+from relaxspec.data.mathgen.original import _batches, _compare, _inventory, _rate, _shopping
+from relaxspec.data.mathgen.problem import EVAL_SEED_START, MathProblem, Story, _Retry, _Steps
 from relaxspec.data.mathgen.stories import (
     _classroom,
     _coins,
@@ -43,10 +31,7 @@ from relaxspec.data.mathgen.stories import (
     _travel,
     _wages,
 )
-from relaxspec.data.mathgen.words import (
-    ALL_NAMES,
-    MORE_DISTRACTORS,
-)
+from relaxspec.data.mathgen.words import ALL_NAMES, MORE_DISTRACTORS
 from relaxspec.errors import RelaxSpecError
 
 MIN_STEPS, MAX_STEPS = 1, 6

@@ -6,20 +6,9 @@ from __future__ import annotations
 import itertools
 import random
 
-from relaxspec.data.mathgen.problem import (
-    Story,
-    _divisors,
-    _Retry,
-    _Steps,
-)
-from relaxspec.data.mathgen.stories import (
-    _pick_question,
-)
-from relaxspec.data.mathgen.words import (
-    ALL_NAMES,
-    CURRENCIES,
-    ORDINALS,
-)
+from relaxspec.data.mathgen.problem import Story, _divisors, _Retry, _Steps
+from relaxspec.data.mathgen.stories import _pick_question
+from relaxspec.data.mathgen.words import ALL_NAMES, CURRENCIES, ORDINALS
 
 
 def _bus(rng: random.Random, n_steps: int) -> Story:

@@ -7,13 +7,7 @@ import itertools
 import random
 from collections.abc import Callable
 
-from relaxspec.data.mathgen.problem import (
-    EVAL_SEED_START,
-    MathProblem,
-    _divisors,
-    _Retry,
-    _Steps,
-)
+from relaxspec.data.mathgen.problem import EVAL_SEED_START, MathProblem, _divisors, _Retry, _Steps
 from relaxspec.data.mathgen.words import (
     BUY_VERBS,
     CURRENCIES,

@@ -21,10 +21,7 @@ from relaxspec.data.mathgen.families import (
     TRAIN_MATH_FAMILIES,
     _draw_scenario,
 )
-from relaxspec.data.mathgen.problem import (
-    EVAL_SEED_START,
-    MathProblem,
-)
+from relaxspec.data.mathgen.problem import EVAL_SEED_START, MathProblem
 from relaxspec.errors import RelaxSpecError
 
 PHRASING_STYLES: tuple[str, ...] = (

@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import random
 
-from relaxspec.data.mathgen.problem import (
-    MAX_VALUE,
-    Story,
-    _divisors,
-    _Retry,
-    _Steps,
-)
+from relaxspec.data.mathgen.problem import MAX_VALUE, Story, _divisors, _Retry, _Steps
 from relaxspec.data.mathgen.words import (
     ALL_NAMES,
     CURRENCIES,

@@ -39,10 +39,7 @@ import numpy as np
 
 from relaxspec.core.acceptance import Greedy, Rule
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine.draft_length.costs import (
-    Costs,
-    CycleCosts,
-)
+from relaxspec.engine.draft_length.costs import Costs, CycleCosts
 from relaxspec.engine.draft_length.windows import WindowRates, _Window, rows_bucket
 from relaxspec.errors import RelaxSpecError
 
