@@ -312,7 +312,7 @@ def test_one_decision_holds_for_every_row_until_it_expires_or_the_batch_changes(
     policy.cycles.cells = {key: v for key, v in policy.cycles.cells.items() if key[1] == 0}
     rows["n"] = 2  # another batch-size bucket: from AR, it decides once it has held a while
     assert policy.choose(8) == 0
-    now["t"] += policy.entry_seconds
+    now["t"] += policy.settings.entry_seconds
     assert policy.choose(8) > 0
 
 
@@ -338,7 +338,7 @@ def test_a_short_dip_of_the_batch_size_does_not_start_drafting():
     for _ in range(20):
         stay.append(policy.choose(4))
         now["t"] += 0.05
-    held = round(policy.entry_seconds / 0.05)
+    held = round(policy.settings.entry_seconds / 0.05)
     assert stay[:held] == [0] * held and all(k > 0 for k in stay[held + 1 :])
 
 
@@ -430,7 +430,7 @@ def test_cycles_right_after_a_change_of_k_are_not_measured():
     policy.observe_cycle(k, 5.0)  # within settle_seconds of the change: the draft's catch-up
     policy.observe_tokens(k + 1)
     assert not policy.cycles.measured(0, k)
-    now["t"] += policy.settle_seconds + 0.01
+    now["t"] += policy.settings.settle_seconds + 0.01
     policy.observe_cycle(k, 1.5)
     policy.observe_tokens(k + 1)
     assert policy.cycles.measured(0, k)

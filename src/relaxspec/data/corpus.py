@@ -157,6 +157,30 @@ def read_jsonl(path: Path) -> list[dict]:
 def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dict:
     """Write the corpus files into ``out_dir`` and return the manifest."""
     config = config or CorpusConfig()
+    _check_sizes(config)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RelaxSpecError(f"cannot create corpus directory {out}: {err.strerror}") from None
+    stdlib_dir = Path(config.stdlib_dir or sysconfig.get_paths()["stdlib"])
+    if not stdlib_dir.is_dir():
+        raise RelaxSpecError(f"standard library directory not found: {stdlib_dir}")
+    files = original_rows(config, stdlib_dir)
+    n_synthcode, n_math_broad = config.sizes()
+    files.update(synthetic_rows(n_synthcode, n_math_broad, config.n_synth_eval))
+    files.update(composed_rows(*config.composed_sizes(), config.n_synth_eval))
+    files.update(variant_rows(*config.variant_sizes(), config.n_synth_eval))
+    for name, rows in files.items():
+        _write_jsonl(out / f"{name}.jsonl", rows)
+    manifest = corpus_manifest(config, stdlib_dir, files)
+    # written last and whole: its presence means every split above is complete
+    atomic.write_json(out / "manifest.json", manifest, indent=2)
+    return manifest
+
+
+def _check_sizes(config: CorpusConfig) -> None:
+    """Every split at least one row, training seeds clear of the evaluation range."""
     if config.n_math_train < 1 or config.n_math_eval < 1:
         raise RelaxSpecError("n_math_train and n_math_eval must be at least 1")
     if config.n_math_train > EVAL_SEED_START:
@@ -169,15 +193,10 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
         raise RelaxSpecError("n_pipes_train and n_math_styles_train must be at least 1")
     if max(n_synthcode, n_math_broad, n_pipes, n_styles) > EVAL_SEED_START // 2:
         raise RelaxSpecError(f"n_synthcode_train and n_math_broad_train must be below {EVAL_SEED_START // 2}")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise RelaxSpecError(f"cannot create corpus directory {out}: {err.strerror}") from None
-    stdlib_dir = Path(config.stdlib_dir or sysconfig.get_paths()["stdlib"])
-    if not stdlib_dir.is_dir():
-        raise RelaxSpecError(f"standard library directory not found: {stdlib_dir}")
 
+
+def original_rows(config: CorpusConfig, stdlib_dir: Path) -> dict[str, list[dict]]:
+    """The standard-library code files (held-out modules apart) and the original math problems."""
     modules = stdlib_modules(stdlib_dir, config.max_code_files)
     code_train = [{"path": p, "text": t} for p, t in modules if not is_heldout_module(p)]
     code_eval = [{"path": p, "text": t} for p, t in modules if is_heldout_module(p)]
@@ -190,41 +209,36 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
     # verbatim for training (possible in principle with templates).
     train_texts = {r["text"].split("\nAnswer:")[0] for r in math_train}
     math_eval = [r for r in math_eval if r["prompt"].split("\nAnswer:")[0] not in train_texts]
-    synth = synthetic_rows(n_synthcode, n_math_broad, config.n_synth_eval)
-    synth.update(composed_rows(n_pipes, n_styles, config.n_synth_eval))
-    synth.update(variant_rows(*config.variant_sizes(), config.n_synth_eval))
+    return {
+        "code_train": code_train,
+        "code_eval": code_eval,
+        "math_train": math_train,
+        "math_eval": math_eval,
+    }
 
-    for name, rows in [
-        ("code_train", code_train),
-        ("code_eval", code_eval),
-        ("math_train", math_train),
-        ("math_eval", math_eval),
-        *synth.items(),
-    ]:
-        _write_jsonl(out / f"{name}.jsonl", rows)
-    manifest = {
+
+CHAR_COUNTED = (
+    "code_train",
+    "code_eval",
+    "math_train",
+    "synthcode_train",
+    "math_broad_train",
+    "synthpipes_train",
+    "math_styles_train",
+    "codevar_train",
+    "mathvar_train",
+)
+
+
+def corpus_manifest(config: CorpusConfig, stdlib_dir: Path, files: dict[str, list[dict]]) -> dict:
+    """What was built: environment, config, rows and characters per file, the held-out sets."""
+    return {
         "python_version": platform.python_version(),
         "stdlib_dir": str(stdlib_dir),
         "config": asdict(config),
-        "counts": {
-            "code_train": len(code_train),
-            "code_eval": len(code_eval),
-            "math_train": len(math_train),
-            "math_eval": len(math_eval),
-            **{name: len(rows) for name, rows in synth.items()},
-        },
-        "chars": {
-            "code_train": sum(len(r["text"]) for r in code_train),
-            "code_eval": sum(len(r["text"]) for r in code_eval),
-            "math_train": sum(len(r["text"]) for r in math_train),
-            "synthcode_train": sum(len(r["text"]) for r in synth["synthcode_train"]),
-            "math_broad_train": sum(len(r["text"]) for r in synth["math_broad_train"]),
-            "synthpipes_train": sum(len(r["text"]) for r in synth["synthpipes_train"]),
-            "math_styles_train": sum(len(r["text"]) for r in synth["math_styles_train"]),
-            "codevar_train": sum(len(r["text"]) for r in synth["codevar_train"]),
-            "mathvar_train": sum(len(r["text"]) for r in synth["mathvar_train"]),
-        },
-        "heldout_modules": [r["path"] for r in code_eval],
+        "counts": {name: len(rows) for name, rows in files.items()},
+        "chars": {name: sum(len(r["text"]) for r in files[name]) for name in CHAR_COUNTED},
+        "heldout_modules": [r["path"] for r in files["code_eval"]],
         "math_eval_seed_start": EVAL_SEED_START,
         "synthcode": {
             "generator_version": codegen.GENERATOR_VERSION,
@@ -245,9 +259,6 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
             "heldout_phrasings": list(HELDOUT_PHRASINGS),
         },
     }
-    # written last and whole: its presence means every split above is complete
-    atomic.write_json(out / "manifest.json", manifest, indent=2)
-    return manifest
 
 
 def synthetic_rows(n_synthcode: int, n_math_broad: int, n_eval: int) -> dict[str, list[dict]]:

@@ -247,7 +247,7 @@ def cache_argument(module: torch.nn.Module, cache: DynamicCache) -> dict[str, Dy
 
 # Who wants the wall time of each forward of a model, by id(model): ``observer(tokens, seconds)``
 # with tokens = every input position of the forward (a batched forward's padding included). The
-# server's adaptive draft length learns its step costs from these (engine/draft_length.py).
+# server's adaptive draft length learns its step costs from these (engine/draft_length/).
 ForwardObserver = Callable[[int, float], None]
 _FORWARD_OBSERVERS: dict[int, ForwardObserver] = {}
 

@@ -246,30 +246,20 @@ class Engine:
         params = params or SamplingParams()
         rule = self._rule_for(params) if self.proposer is not None else None
         ids = self.encode(prompt)
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        run = _Run(
-            params=params,
-            rule=rule,
-            generator=torch.Generator(device="cpu").manual_seed(seed),
-            shadow_generator=torch.Generator(device="cpu").manual_seed(seed ^ 0x5AD0),
-            stats=GenerationStats(prompt_tokens=ids.shape[1]),
-        )
+        run = self._new_run(params, rule, ids.shape[1])
         text = _TextTracker(self.tokenizer, params.stop)
         budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
         calls_before = self._calls()
 
         started = _now(self.device)
-        for part in (self.verifier, self.shadow, self.proposer):
-            if part is not None:
-                part.start(ids)
+        for part in filter(None, (self.verifier, self.shadow, self.proposer)):
+            part.start(ids)
         finish, generated, previous_k = "length", 0, -1
         while generated < budget:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             remaining = budget - generated
-            # A verified cycle can emit k + 1 tokens (recovered/bonus); Gate and always-commit
-            # schedulers (MARS) emit at most k, so the last token of the budget is drafted too.
-            k = min(self.k, remaining - self._extra_token(rule)) if self.proposer is not None else 0
+            k = self._max_k(remaining, rule)
             adapt = self.draft_length if k > 0 else None
             if adapt is not None:
                 k = adapt.choose(k)
@@ -286,26 +276,51 @@ class Engine:
                 on_chunk(text.delta(final=finish != "length"), chunk)
             if self.draft_length is not None:
                 self.draft_length.observe_tokens(len(chunk))
-            if adapt is not None and k == previous_k and run.stats.cycles % CYCLE_SAMPLE == 0:
-                # the whole cycle, waits on a shared batch and text work included; not the first
-                # at a new K (the draft's catch-up, rows still finishing the old K). One cycle in
-                # CYCLE_SAMPLE per row: the cycle model only prices cells never measured, and
-                # every row of a 16-32-row batch taking the policy's locks each step costs ~3 %
-                adapt.observe_cycle(k, _now(self.device) - cycle_started)
+            if adapt is not None and k == previous_k:
+                self._time_cycle(adapt, k, run.stats.cycles, cycle_started)
             previous_k = k
             if finish != "length":
                 break
-            # Roll every cache back to the committed tokens it may keep (all but the last).
-            self.verifier.rollback(ids.shape[1] - 1)
-            if self.proposer is not None:
-                self.proposer.rollback(ids.shape[1] - 1)
+            self._rollback(ids.shape[1] - 1)
 
         self._close_stats(run.stats, started, calls_before, generated, finish)
-        if on_chunk is not None:
-            tail = text.delta(final=True)
-            if tail:
-                on_chunk(tail, [])
+        if on_chunk is not None and (tail := text.delta(final=True)):
+            on_chunk(tail, [])
         return GenerationResult(text=text.text, tokens=text.tokens, stats=run.stats)
+
+    def _rollback(self, keep: int) -> None:
+        """Roll every cache back to the committed tokens it may keep (all but the last)."""
+        self.verifier.rollback(keep)
+        if self.proposer is not None:
+            self.proposer.rollback(keep)
+
+    def _time_cycle(self, adapt: GoodputDraftLength, k: int, cycles: int, started: float) -> None:
+        """Report a whole cycle at an unchanged K to the draft-length policy: the whole cycle,
+        waits on a shared batch and text work included; not the first at a new K (the draft's
+        catch-up, rows still finishing the old K). One cycle in CYCLE_SAMPLE per row: the cycle
+        model only prices cells never measured, and every row of a 16-32-row batch taking the
+        policy's locks each step costs ~3 %."""
+        if cycles % CYCLE_SAMPLE == 0:
+            adapt.observe_cycle(k, _now(self.device) - started)
+
+    @staticmethod
+    def _new_run(params: SamplingParams, rule: Rule | None, prompt_tokens: int) -> _Run:
+        """One generation's state: its random streams (from ``params.seed``, else a fresh seed)
+        and stats."""
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        return _Run(
+            params=params,
+            rule=rule,
+            generator=torch.Generator(device="cpu").manual_seed(seed),
+            shadow_generator=torch.Generator(device="cpu").manual_seed(seed ^ 0x5AD0),
+            stats=GenerationStats(prompt_tokens=prompt_tokens),
+        )
+
+    def _max_k(self, remaining: int, rule: Rule | None) -> int:
+        """The longest draft the budget allows (0 without a proposer). A verified cycle can emit
+        k + 1 tokens (recovered/bonus); Gate and always-commit schedulers (MARS) emit at most k,
+        so the last token of the budget is drafted too."""
+        return min(self.k, remaining - self._extra_token(rule)) if self.proposer is not None else 0
 
     def _calls(self) -> tuple[int, int]:
         """Forward passes so far of the verifier and the proposer."""

@@ -48,16 +48,9 @@ from relaxspec.eval.peers import (
     runner_optional,
     runner_params,
 )
-from relaxspec.eval.results import (
-    Cell,
-    ResultsStore,
-    build_rows,
-    display_labels,
-    model_fingerprint,
-    print_table,
-    references,
-    write_outputs,
-)
+from relaxspec.eval.records import ResultsStore, model_fingerprint
+from relaxspec.eval.rows import Cell, build_rows, display_labels, references
+from relaxspec.eval.tables import print_table, write_outputs
 from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, build_engine, get_method, load_role
 from relaxspec.models import bundled, model_dir

@@ -103,6 +103,28 @@ def ar_argmax_along(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids.to(model.device)).logits[0, :-1].argmax(-1).cpu()
 
 
+def _count_depths(match: torch.Tensor, hits: list[int], seen: list[int]) -> None:
+    """Add one proposal's AR-match flags (``BoolTensor[K]``) to the per-depth tallies."""
+    for i, hit in enumerate(match.tolist()):
+        if i >= len(seen):
+            seen.append(0)
+            hits.append(0)
+        seen[i] += 1
+        hits[i] += int(hit)
+
+
+def _verifier_probs(
+    rec: CycleRecord, verifier_model: PreTrainedModel | None, prefix: torch.Tensor, draft: torch.Tensor
+) -> torch.Tensor | None:
+    """``FloatTensor[K, V]``: the verifier's distributions at the draft positions — the cycle's own
+    ``target_probs``, else recomputed with ``verifier_model`` (None: neither)."""
+    if rec.target_probs is not None:
+        return rec.target_probs[0, :-1].cpu()
+    if verifier_model is not None:
+        return teacher_forced_probs(verifier_model, prefix, draft)[:-1]
+    return None
+
+
 def analyze_cycles(
     records: Sequence[CycleRecord],
     ids: torch.Tensor,
@@ -137,17 +159,9 @@ def analyze_cycles(
         match = match_flags(draft[0], ar)
         prefixes.append(ar_matching_prefix(draft[0], ar))
         proposals += 1
-        for i, hit in enumerate(match.tolist()):
-            if i >= len(depth_seen):
-                depth_seen.append(0)
-                depth_hits.append(0)
-            depth_seen[i] += 1
-            depth_hits[i] += int(hit)
-        if rec.target_probs is not None:
-            p = rec.target_probs[0, :-1].cpu()
-        elif verifier_model is not None:
-            p = teacher_forced_probs(verifier_model, ids[:, :n], draft)[:-1]
-        else:
+        _count_depths(match, depth_hits, depth_seen)
+        p = _verifier_probs(rec, verifier_model, ids[:, :n], draft)
+        if p is None:
             continue
         seen = sequential_population(match)
         confs.append(rec.proposal.confidence[0].cpu()[seen])

@@ -28,15 +28,9 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import intervals
 from relaxspec.eval.bench import BenchConfig, parse_sets, run_bench
 from relaxspec.eval.peers import PEERS, is_peer, resolve_runner, runner_needs, runner_params
-from relaxspec.eval.results import (
-    Row,
-    Timings,
-    build_rows,
-    cell_timings,
-    format_speedup,
-    load_records,
-    speed_between,
-)
+from relaxspec.eval.records import load_records
+from relaxspec.eval.rows import Row, Timings, build_rows, cell_timings, speed_between
+from relaxspec.eval.tables import format_speedup
 from relaxspec.methods import get_method
 from relaxspec.models import bundled
 

@@ -25,7 +25,8 @@ import numpy as np
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import intervals
 from relaxspec.eval.bench import BenchConfig, plan, run_bench
-from relaxspec.eval.results import Cell, ResultsStore, latest_records
+from relaxspec.eval.records import ResultsStore
+from relaxspec.eval.rows import Cell, latest_records
 
 # The swept parameter of each rule and its grid (the presets' other parameters stay at default).
 RULE_GRID: dict[str, tuple[str, list[Any]]] = {

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.engine import GenerationResult
-from relaxspec.engine.batching import Batcher
+from relaxspec.engine import Engine, GenerationResult
+from relaxspec.engine.batching import Batcher, RowLM
 from relaxspec.engine.draft_length import GoodputDraftLength, LiveStepCosts, measure_step_costs, needs_fixed_k
 from relaxspec.engine.kv import observe_forwards
 from relaxspec.engine.proposers import DraftModel
@@ -225,14 +225,7 @@ class ServingPool:
             engine, rows = build_engine(method, self.models, **params), []
         engine.encode(prompt)  # validate the prompt before taking a slot
         engine.draft_length = self.draft_length_policy(method, params, sampling, engine)
-        with self._lock:
-            self.stats.requests += 1
-            if self._active >= self.max_concurrency and self._waiting >= self.max_queue:
-                self.stats.rejected += 1
-                raise Overloaded(
-                    f"server overloaded: {self._active} requests running and {self._waiting} queued"
-                )
-            self._waiting += 1
+        self._admit()
         started = self._clock()
         first_chunk_at: list[float] = []
 
@@ -244,7 +237,24 @@ class ServingPool:
             if on_chunk is not None:
                 on_chunk(text, ids)
 
-        # Wait for a slot, but give up the queue place at once if the client goes away.
+        self._take_slot(cancel)
+        result = self._run(engine, rows, prompt, sampling, chunk_hook, cancel)
+        self._count_completed(result, self._clock() - started, first_chunk_at)
+        return result
+
+    def _admit(self) -> None:
+        """Count the request and queue it, or refuse it when every slot and queue place is taken."""
+        with self._lock:
+            self.stats.requests += 1
+            if self._active >= self.max_concurrency and self._waiting >= self.max_queue:
+                self.stats.rejected += 1
+                raise Overloaded(
+                    f"server overloaded: {self._active} requests running and {self._waiting} queued"
+                )
+            self._waiting += 1
+
+    def _take_slot(self, cancel: threading.Event | None) -> None:
+        """Wait for a slot, but give up the queue place at once if the client goes away."""
         while not self._slots.acquire(timeout=0.05):
             if cancel is not None and cancel.is_set():
                 with self._lock:
@@ -257,14 +267,25 @@ class ServingPool:
             if self._idle_since is not None:
                 self._idle_seconds += self._clock() - self._idle_since
                 self._idle_since = None
+
+    def _run(
+        self,
+        engine: Engine,
+        rows: list[RowLM],
+        prompt: str | list[int],
+        sampling: SamplingParams,
+        chunk_hook: Callable[[str, list[int]], None],
+        cancel: threading.Event | None,
+    ) -> GenerationResult:
+        """Generate in the slot taken (as a row of the shared batch where there is one), counting
+        a cancelled or failed request; the slot is given back whatever happens."""
         try:
             if cancel is not None and cancel.is_set():
                 raise Cancelled()
             if self.batcher is not None:
                 with self.batcher.running(rows, cancel=cancel, engine=engine):
-                    result = engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
-            else:
-                result = engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
+                    return engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
+            return engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
         except Cancelled:
             with self._lock:
                 self.stats.cancelled += 1
@@ -279,6 +300,8 @@ class ServingPool:
                 if self._active == 0:
                     self._idle_since = self._clock()
             self._slots.release()
+
+    def _count_completed(self, result: GenerationResult, latency: float, first_chunk_at: list[float]) -> None:
         with self._lock:
             s = self.stats
             s.completed += 1
@@ -286,7 +309,6 @@ class ServingPool:
             s.new_tokens += result.stats.new_tokens
             s.verifier_calls += result.stats.verifier_calls
             s.draft_calls += result.stats.draft_calls
-            s.latencies.append(self._clock() - started)
+            s.latencies.append(latency)
             if first_chunk_at:
                 s.first_token_latencies.append(first_chunk_at[0])
-        return result

@@ -20,7 +20,16 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.evaluate import heldout_losses
 from relaxspec.models import load_model
 from relaxspec.train.cards import write_card
-from relaxspec.train.loop import TrainConfig, TrainState, finished_run_record, make_config, train
+from relaxspec.train.loop import (
+    TrainConfig,
+    TrainState,
+    check_seq_len,
+    finished_run_record,
+    make_config,
+    train,
+    window_batches,
+    write_run_record,
+)
 from relaxspec.train.tokenizer import load_tokenizer
 
 
@@ -180,6 +189,12 @@ def _load_initial_weights(model: LlamaForCausalLM, init: str | Path) -> None:
     model.load_state_dict({name: theirs[name].float() for name in mine})
 
 
+def _preset(name: str) -> ModelPreset:
+    if name not in PRESETS:
+        raise RelaxSpecError(f"unknown model config {name!r}; choose from {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
 def train_ar(
     preset_name: str,
     corpus_dir: str | Path,
@@ -199,16 +214,10 @@ def train_ar(
     checkpoint on the new mixture. ``init``: a model directory of the same preset and tokenizer
     whose weights the run starts from (fine-tuning; a checkpoint in ``run_dir`` still wins).
     """
-    if preset_name not in PRESETS:
-        raise RelaxSpecError(f"unknown model config {preset_name!r}; choose from {sorted(PRESETS)}")
-    preset = PRESETS[preset_name]
+    preset = _preset(preset_name)
     tokenizer = load_tokenizer(tokenizer_dir)
     config = make_config(run_dir, preset.train, overrides)
-    if config.seq_len > preset.max_position_embeddings:
-        raise RelaxSpecError(
-            f"seq_len {config.seq_len} exceeds the model's context {preset.max_position_embeddings}"
-        )
-
+    check_seq_len(config, preset.max_position_embeddings)
     weights = dict(mixture or MIXTURE)
     mixture_data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=32)
     torch.manual_seed(config.seed)
@@ -223,17 +232,12 @@ def train_ar(
         "init": str(init) if init is not None else None,
         "stream_tokens": {k: len(v) for k, v in mixture_data.streams.items()},
     }
-    (Path(run_dir)).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
+    write_run_record(run_dir, record)
 
     model, state = train(
         model,
         config,
-        batch_fn=lambda step, micro: {
-            "input_ids": mixture_data.batch(
-                config.seed, step * config.grad_accum + micro, config.batch_size, config.seq_len
-            )
-        },
+        batch_fn=window_batches(mixture_data, config),
         loss_fn=causal_lm_loss,
         eval_fn=lambda m: heldout_losses(m, heldout),
         progress=progress,

@@ -49,7 +49,15 @@ from relaxspec.eval.evaluate import heldout_losses
 from relaxspec.models import load_model
 from relaxspec.train.ar import MIXTURE, export_model
 from relaxspec.train.cards import write_card
-from relaxspec.train.loop import TrainState, make_config, train
+from relaxspec.train.loop import (
+    TrainConfig,
+    TrainState,
+    check_seq_len,
+    make_config,
+    train,
+    window_batches,
+    write_run_record,
+)
 
 # Fine-tuning recipe (TrainConfig overrides): a lower peak LR than pretraining, short warmup.
 # 800 steps x 8 windows x 256 tokens (1.6M window tokens, each fed twice) is sized for roughly
@@ -272,10 +280,7 @@ def train_block(
     model, tokenizer = base.model, base.tokenizer
     mask_id = prepare_base_model(model, tokenizer, block_size)
     config = make_config(run_dir, DEFAULT_RECIPE, overrides)
-    if config.seq_len > base.context_length:
-        raise RelaxSpecError(f"seq_len {config.seq_len} exceeds the model's context {base.context_length}")
-    if block_size > config.seq_len:
-        raise RelaxSpecError(f"block_size {block_size} exceeds the training window seq_len {config.seq_len}")
+    _check_window(config, base.context_length, block_size)
 
     weights = mixture or MIXTURE
     data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=16)
@@ -287,40 +292,44 @@ def train_block(
         "mixture": weights,
         "command": command or shlex.join(["relaxspec", *sys.argv[1:]]),
     }
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
-
-    def evaluate(m: PreTrainedModel) -> dict[str, float]:
-        out = heldout_losses(m, heldout)
-        out.update(block_metrics(m, heldout["math_eval"], block_size, mask_id))
-        return out
+    write_run_record(run_dir, record)
 
     model.train()
     started = time.perf_counter()
     model, state = train(
         model,
         config,
-        batch_fn=lambda step, micro: {
-            "input_ids": data.batch(
-                config.seed, step * config.grad_accum + micro, config.batch_size, config.seq_len
-            )
-        },
+        batch_fn=window_batches(data, config),
         loss_fn=lambda m, batch: block_loss(m, batch, block_size, mask_id),
-        eval_fn=evaluate,
+        eval_fn=lambda m: (
+            heldout_losses(m, heldout) | block_metrics(m, heldout["math_eval"], block_size, mask_id)
+        ),
         progress=progress,
     )
     model = extract_model_from_parallel(model, keep_fp32_wrapper=False)  # drop the autocast wrapper
     if export_dir is not None and state.step >= config.steps:
-        record.update(
-            train_config=asdict(config),
-            parameters=sum(p.numel() for p in model.parameters()),
-            steps_done=state.step,
-            tokens_seen=state.tokens_seen,
-            wall_seconds=state.elapsed_seconds,
-            session_seconds=time.perf_counter() - started,
-            history=state.history,
-        )
+        record.update(_finished(model, config, state, time.perf_counter() - started))
         model.eval()
         export_model(model, tokenizer, export_dir, extra=record)
         write_model_card(export_dir)
     return model, state
+
+
+def _check_window(config: TrainConfig, context: int, block_size: int) -> None:
+    """A training window fits the model's context and holds at least one block."""
+    check_seq_len(config, context)
+    if block_size > config.seq_len:
+        raise RelaxSpecError(f"block_size {block_size} exceeds the training window seq_len {config.seq_len}")
+
+
+def _finished(model: PreTrainedModel, config: TrainConfig, state: TrainState, session_seconds: float) -> dict:
+    """What the export's ``training.json`` adds about the finished run."""
+    return {
+        "train_config": asdict(config),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "steps_done": state.step,
+        "tokens_seen": state.tokens_seen,
+        "wall_seconds": state.elapsed_seconds,
+        "session_seconds": session_seconds,
+        "history": state.history,
+    }

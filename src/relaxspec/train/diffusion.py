@@ -51,7 +51,7 @@ from relaxspec.models import bundled, check_same_tokenizer, load_model
 from relaxspec.train.ar import MIXTURE, PRESETS, export_model, llama_config
 from relaxspec.train.cards import fmt, table
 from relaxspec.train.cards import write_card as write_model_card
-from relaxspec.train.loop import TrainState, make_config, train
+from relaxspec.train.loop import TrainConfig, TrainState, check_seq_len, make_config, train, write_run_record
 from relaxspec.train.tokenizer import load_tokenizer
 
 INITS = ("target", "draft", "scratch")
@@ -313,10 +313,7 @@ def train_diffusion(
     recipe.validate(config.seq_len)
     tokenizer = load_tokenizer(tokenizer_dir)
     model = init_drafter(recipe, tokenizer, target_dir, draft_dir)
-    if config.seq_len > model.config.max_position_embeddings:
-        raise RelaxSpecError(
-            f"seq_len {config.seq_len} exceeds the model's context {model.config.max_position_embeddings}"
-        )
+    check_seq_len(config, model.config.max_position_embeddings)
     weights = mixture or MIXTURE
     data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=16)
     mask_id = int(tokenizer.mask_token_id)
@@ -324,15 +321,9 @@ def train_diffusion(
         "recipe": asdict(recipe),
         "mixture": weights,
         "command": command or shlex.join(["relaxspec", *sys.argv[1:]]),
-        "architecture": {
-            "hidden_size": model.config.hidden_size,
-            "num_hidden_layers": model.config.num_hidden_layers,
-            "intermediate_size": model.config.intermediate_size,
-            "num_attention_heads": model.config.num_attention_heads,
-        },
+        "architecture": _architecture(model),
     }
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
+    write_run_record(run_dir, record)
 
     def batch_fn(step: int, micro: int) -> dict[str, torch.Tensor]:
         index = step * config.grad_accum + micro
@@ -349,22 +340,31 @@ def train_diffusion(
     )
     if export_dir is not None and (state.step >= config.steps or export_partial):
         mark_drafter(model, recipe.gamma, mask_id)
-        export_model(
-            model,
-            tokenizer,
-            export_dir,
-            extra={
-                **record,
-                "train_config": asdict(config),
-                "steps_done": state.step,
-                "parameters": sum(p.numel() for p in model.parameters()),
-                "tokens_seen": state.tokens_seen,
-                "wall_seconds": state.elapsed_seconds,
-                "history": state.history,
-            },
-        )
+        export_model(model, tokenizer, export_dir, extra={**record, **_finished(model, config, state)})
         write_card(export_dir)
     return model, state
+
+
+def _architecture(model: LlamaForCausalLM) -> dict[str, int]:
+    c = model.config
+    return {
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+    }
+
+
+def _finished(model: LlamaForCausalLM, config: TrainConfig, state: TrainState) -> dict:
+    """What the export's ``training.json`` adds about the run (complete or stopped early)."""
+    return {
+        "train_config": asdict(config),
+        "steps_done": state.step,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "tokens_seen": state.tokens_seen,
+        "wall_seconds": state.elapsed_seconds,
+        "history": state.history,
+    }
 
 
 DIFFUSION_CARD_SUMMARY = (

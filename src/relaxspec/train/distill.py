@@ -24,6 +24,7 @@ import ast
 import json
 import random
 import textwrap
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,12 +37,19 @@ from transformers import PreTrainedTokenizerBase
 from relaxspec.data.codegen import train_pipeline_tasks, train_tasks
 from relaxspec.data.corpus import read_jsonl
 from relaxspec.data.mathgen import generate_problem, train_styled_problems
-from relaxspec.data.tokens import training_data
+from relaxspec.data.tokens import TokenMixture, training_data
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.evaluate import heldout_losses
 from relaxspec.models import load_model
 from relaxspec.train.ar import export_model
-from relaxspec.train.loop import TrainState, finished_run_record, make_config, train
+from relaxspec.train.loop import (
+    TrainConfig,
+    TrainState,
+    finished_run_record,
+    make_config,
+    train,
+    write_run_record,
+)
 
 HELDOUT_EVERY = 20  # every 20th distillation row is held out for the agreement metric
 
@@ -201,6 +209,12 @@ class DistillRecipe:
     corpus_weight: float = 0.25  # share of rows that are plain corpus windows instead of teacher rows
     temperature: float = 1.0  # softens both distributions in the KL (1 = the raw distributions)
 
+    def validate(self) -> None:
+        if not 0.0 <= self.corpus_weight < 1.0:
+            raise RelaxSpecError("corpus_weight must be in [0, 1)")
+        if self.temperature <= 0:
+            raise RelaxSpecError("temperature must be > 0")
+
 
 def load_rows(path: str | Path, seq_len: int) -> tuple[list[list[int]], list[list[int]]]:
     """(training rows, held-out rows) of a distillation file, each cut to ``seq_len`` tokens."""
@@ -289,6 +303,53 @@ def _distill_notes(record: dict, base: dict) -> str:
     return text
 
 
+def _mixed_batches(
+    rows: list[list[int]], corpus: TokenMixture, config: TrainConfig, corpus_weight: float, pad_id: int
+) -> Callable[[int, int], dict[str, torch.Tensor]]:
+    """``batch_fn`` for :func:`train`: teacher rows (padded) and, with probability ``corpus_weight``
+    each, plain corpus windows; a pure function of (seed, step, micro), so a resumed run sees
+    the same batches."""
+
+    def batch_fn(step: int, micro: int) -> dict[str, torch.Tensor]:
+        rng = np.random.default_rng([config.seed, step, micro])
+        n_corpus = int(rng.binomial(config.batch_size, corpus_weight))
+        picked = [rows[int(i)] for i in rng.integers(0, len(rows), config.batch_size - n_corpus)]
+        ids, mask = pad_rows(picked, config.seq_len, pad_id)
+        if n_corpus:
+            windows = corpus.batch(config.seed, step * config.grad_accum + micro, n_corpus, config.seq_len)
+            ids = torch.cat([ids, windows])
+            mask = torch.cat([mask, torch.ones_like(windows)])
+        return {"input_ids": ids, "attention_mask": mask}
+
+    return batch_fn
+
+
+def _run_record(
+    sources: dict[str, str | Path], recipe: DistillRecipe, n_rows: tuple[int, int], command: str | None
+) -> dict:
+    """``run.json`` / ``training.json`` of a distillation: the student's preset and base training
+    (from its own ``training.json``), the mixture, the inputs and the recipe, and the card's notes.
+    ``sources``: student_init, teacher and data paths; ``n_rows``: (training, held-out) rows."""
+    record_path = Path(sources["student_init"]) / "training.json"
+    base = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    record = {
+        **{k: v for k, v in base.items() if k in ("preset", "model")},
+        "mixture": {"teacher rows": 1 - recipe.corpus_weight, "corpus math/code 1:1": recipe.corpus_weight},
+        "command": command or "relaxspec train distill",
+        "distillation": {
+            **{name: _shown(path) for name, path in sources.items()},
+            "rows": n_rows[0],
+            "heldout_rows": n_rows[1],
+            **asdict(recipe),
+        },
+        "base_training": {
+            k: base[k] for k in ("tokens_seen", "wall_seconds", "checkpoint_step") if k in base
+        },
+    }
+    record["notes"] = _distill_notes(record, base)
+    return record
+
+
 def train_distill(
     student_dir: str | Path,
     teacher_dir: str | Path,
@@ -303,10 +364,7 @@ def train_distill(
 ) -> tuple[torch.nn.Module, TrainState]:
     """Distil ``teacher_dir`` into the drafter at ``student_dir``; export when complete."""
     recipe = recipe or DistillRecipe()
-    if not 0.0 <= recipe.corpus_weight < 1.0:
-        raise RelaxSpecError("corpus_weight must be in [0, 1)")
-    if recipe.temperature <= 0:
-        raise RelaxSpecError("temperature must be > 0")
+    recipe.validate()
     student = load_model(student_dir)
     teacher = load_model(teacher_dir)
     tokenizer = student.tokenizer
@@ -321,18 +379,6 @@ def train_distill(
     teacher_model = teacher.model.eval().requires_grad_(False)
     pad_id = tokenizer.pad_token_id
 
-    def batch_fn(step: int, micro: int) -> dict[str, torch.Tensor]:
-        # A pure function of (seed, step, micro): a resumed run sees the same batches.
-        rng = np.random.default_rng([config.seed, step, micro])
-        n_corpus = int(rng.binomial(config.batch_size, recipe.corpus_weight))
-        picked = [rows[int(i)] for i in rng.integers(0, len(rows), config.batch_size - n_corpus)]
-        ids, mask = pad_rows(picked, config.seq_len, pad_id)
-        if n_corpus:
-            windows = corpus.batch(config.seed, step * config.grad_accum + micro, n_corpus, config.seq_len)
-            ids = torch.cat([ids, windows])
-            mask = torch.cat([mask, torch.ones_like(windows)])
-        return {"input_ids": ids, "attention_mask": mask}
-
     def loss_fn(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
             teacher_logits = teacher_model(**batch).logits
@@ -346,27 +392,10 @@ def train_distill(
             "agreement": top1_agreement(model, teacher_model, heldout_rows, pad_id),
         }
 
-    record_path = Path(student_dir) / "training.json"
-    base = json.loads(record_path.read_text()) if record_path.is_file() else {}
-    record = {
-        **{k: v for k, v in base.items() if k in ("preset", "model")},
-        "mixture": {"teacher rows": 1 - recipe.corpus_weight, "corpus math/code 1:1": recipe.corpus_weight},
-        "command": command or "relaxspec train distill",
-        "distillation": {
-            "student_init": _shown(student_dir),
-            "teacher": _shown(teacher_dir),
-            "data": _shown(data_path),
-            "rows": len(rows),
-            "heldout_rows": len(heldout_rows),
-            **asdict(recipe),
-        },
-        "base_training": {
-            k: base[k] for k in ("tokens_seen", "wall_seconds", "checkpoint_step") if k in base
-        },
-    }
-    record["notes"] = _distill_notes(record, base)
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
+    sources = {"student_init": student_dir, "teacher": teacher_dir, "data": data_path}
+    record = _run_record(sources, recipe, (len(rows), len(heldout_rows)), command)
+    write_run_record(run_dir, record)
+    batch_fn = _mixed_batches(rows, corpus, config, recipe.corpus_weight, pad_id)
     model, state = train(student.model, config, batch_fn, loss_fn, eval_fn, progress=progress)
     if export_dir is not None and state.step >= config.steps:
         export_model(

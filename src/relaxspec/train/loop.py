@@ -26,6 +26,7 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
+from relaxspec.data.tokens import TokenMixture
 from relaxspec.errors import RelaxSpecError
 
 Batch = dict[str, torch.Tensor]
@@ -100,6 +101,29 @@ def finished_run_record(model: torch.nn.Module, config: TrainConfig, state: Trai
     }
 
 
+def write_run_record(run_dir: str | Path, record: dict) -> None:
+    """``run_dir/run.json``: what a run was started with (command, inputs, settings)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "run.json").write_text(json.dumps(record, indent=1))
+
+
+def check_seq_len(config: TrainConfig, context: int) -> None:
+    """Training windows must fit the model's context window."""
+    if config.seq_len > context:
+        raise RelaxSpecError(f"seq_len {config.seq_len} exceeds the model's context {context}")
+
+
+def window_batches(data: TokenMixture, config: TrainConfig) -> Callable[[int, int], Batch]:
+    """``batch_fn`` for :func:`train`: micro-batch ``micro`` of ``step`` as ``input_ids`` windows of
+    ``data`` (a pure function of the seed and the index: a resumed run sees the same batches)."""
+
+    def batch(step: int, micro: int) -> Batch:
+        index = step * config.grad_accum + micro
+        return {"input_ids": data.batch(config.seed, index, config.batch_size, config.seq_len)}
+
+    return batch
+
+
 def lr_lambda(config: TrainConfig) -> Callable[[int], float]:
     """Linear warmup then cosine decay to ``min_lr_ratio`` at ``steps``."""
 
@@ -156,6 +180,16 @@ def _load_checkpoint(accelerator: Accelerator, ckpt: Path) -> TrainState:
     return state
 
 
+@dataclass
+class _Parts:
+    """What Accelerate prepared for one run: the wrapped model, optimizer and LR schedule."""
+
+    accelerator: Accelerator
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
 def train(
     model: torch.nn.Module,
     config: TrainConfig,
@@ -178,73 +212,27 @@ def train(
     except OSError as err:
         raise RelaxSpecError(f"cannot create output directory {out_dir}: {err.strerror}") from None
     set_seed(config.seed)
-    accelerator = Accelerator(
-        mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum
-    )
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr,
-        betas=(0.9, 0.95),
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-
+    run = _prepare(model, config)
+    accelerator = run.accelerator
     state = TrainState()
     ckpt = latest_checkpoint(out_dir) if resume else None
     if ckpt is not None:
         state = _load_checkpoint(accelerator, ckpt)
         accelerator.print(f"resumed from {ckpt} (step {state.step})")
-
-    rank, world = accelerator.process_index, accelerator.num_processes
     started = time.perf_counter()
     elapsed_before = state.elapsed_seconds
-    bar = tqdm(
-        total=config.steps,
-        initial=state.step,
-        disable=not (progress and accelerator.is_main_process),
-        desc="train",
-        dynamic_ncols=True,
-    )
+    show = progress and accelerator.is_main_process
+    bar = tqdm(total=config.steps, initial=state.step, disable=not show, desc="train", dynamic_ncols=True)
     try:
         while state.step < config.steps:
-            model.train()
-            step_tokens, step_loss = 0, 0.0
-            for micro in range(config.grad_accum):
-                batch = {
-                    k: v[rank::world].to(accelerator.device) for k, v in batch_fn(state.step, micro).items()
-                }
-                with accelerator.accumulate(model), accelerator.autocast():
-                    loss = loss_fn(model, batch)
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and config.grad_clip > 0:
-                        accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
-                    optimizer.step()
-                    scheduler.step()
-                    optimizer.zero_grad(set_to_none=True)
-                step_loss += loss.item() / config.grad_accum
-                step_tokens += next(iter(batch.values())).numel() * world
+            step_loss, step_tokens = _optimizer_step(run, config, batch_fn, loss_fn, state.step)
             state.step += 1
             state.tokens_seen += step_tokens
             state.last_loss = step_loss
             state.elapsed_seconds = elapsed_before + time.perf_counter() - started
-            bar.update(1)
-            bar.set_postfix(
-                loss=f"{step_loss:.3f}",
-                tok_s=f"{state.tokens_seen / max(state.elapsed_seconds, 1e-9):.0f}",
-                lr=f"{scheduler.get_last_lr()[0]:.2e}",
-            )
+            _show_progress(bar, state, run.scheduler.get_last_lr()[0])
             if eval_fn is not None and (state.step % config.eval_every == 0 or state.step == config.steps):
-                model.eval()
-                with torch.no_grad(), accelerator.autocast():
-                    metrics = eval_fn(accelerator.unwrap_model(model))
-                state.history.append(
-                    {"step": state.step, "tokens": state.tokens_seen, "train_loss": step_loss, **metrics}
-                )
-                accelerator.print(
-                    f"step {state.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-                )
+                _evaluate(run, eval_fn, state, step_loss)
             out_of_time = (
                 config.max_minutes is not None and time.perf_counter() - started > 60 * config.max_minutes
             )
@@ -257,12 +245,83 @@ def train(
                 )
                 break
     except KeyboardInterrupt:
-        # The step in flight may have half-updated the weights, so keep the last clean checkpoint.
         bar.close()
-        last = latest_checkpoint(out_dir)
-        raise RelaxSpecError(
-            f"training interrupted at step {state.step}; rerun the same command to resume from "
-            f"{last or 'the start (no checkpoint yet)'}"
-        ) from None
+        raise _interrupted(out_dir, state) from None
     bar.close()
-    return accelerator.unwrap_model(model, keep_fp32_wrapper=False), state
+    return accelerator.unwrap_model(run.model, keep_fp32_wrapper=False), state
+
+
+def _interrupted(out_dir: Path, state: TrainState) -> RelaxSpecError:
+    """The error for Ctrl-C: the step in flight may have half-updated the weights, so the run
+    resumes from the last clean checkpoint."""
+    last = latest_checkpoint(out_dir)
+    return RelaxSpecError(
+        f"training interrupted at step {state.step}; rerun the same command to resume from "
+        f"{last or 'the start (no checkpoint yet)'}"
+    )
+
+
+def _show_progress(bar: tqdm, state: TrainState, lr: float) -> None:
+    bar.update(1)
+    bar.set_postfix(
+        loss=f"{state.last_loss:.3f}",
+        tok_s=f"{state.tokens_seen / max(state.elapsed_seconds, 1e-9):.0f}",
+        lr=f"{lr:.2e}",
+    )
+
+
+def _prepare(model: torch.nn.Module, config: TrainConfig) -> _Parts:
+    """AdamW (no weight decay on biases and norms) and the LR schedule, prepared by Accelerate."""
+    accelerator = Accelerator(
+        mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum
+    )
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config))
+    return _Parts(accelerator, *accelerator.prepare(model, optimizer, scheduler))
+
+
+def _optimizer_step(
+    run: _Parts,
+    config: TrainConfig,
+    batch_fn: Callable[[int, int], Batch],
+    loss_fn: Callable[[torch.nn.Module, Batch], torch.Tensor],
+    step: int,
+) -> tuple[float, int]:
+    """One optimizer step over ``grad_accum`` micro-batches (this process's share of each):
+    ``(mean loss, tokens seen by all processes)``."""
+    accelerator, model = run.accelerator, run.model
+    rank, world = accelerator.process_index, accelerator.num_processes
+    model.train()
+    step_tokens, step_loss = 0, 0.0
+    for micro in range(config.grad_accum):
+        batch = {k: v[rank::world].to(accelerator.device) for k, v in batch_fn(step, micro).items()}
+        with accelerator.accumulate(model), accelerator.autocast():
+            loss = loss_fn(model, batch)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and config.grad_clip > 0:
+                accelerator.clip_grad_norm_(model.parameters(), config.grad_clip)
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        step_loss += loss.item() / config.grad_accum
+        step_tokens += next(iter(batch.values())).numel() * world
+    return step_loss, step_tokens
+
+
+def _evaluate(
+    run: _Parts, eval_fn: Callable[[torch.nn.Module], dict[str, float]], state: TrainState, train_loss: float
+) -> None:
+    """Run ``eval_fn`` on the unwrapped model; its metrics join ``state.history`` and the log."""
+    run.model.eval()
+    with torch.no_grad(), run.accelerator.autocast():
+        metrics = eval_fn(run.accelerator.unwrap_model(run.model))
+    state.history.append(
+        {"step": state.step, "tokens": state.tokens_seen, "train_loss": train_loss, **metrics}
+    )
+    run.accelerator.print(f"step {state.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
