@@ -26,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify_unchecked
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.draft_length import GoodputDraftLength
+from relaxspec.engine.logprobs import LogprobRecorder, LogprobsUnsupported
 from relaxspec.engine.proposers.base import Proposal, Proposer
 from relaxspec.engine.schedulers import Scheduler, SchedulerState, Strict
 from relaxspec.engine.stats import GenerationResult, GenerationStats
@@ -144,6 +145,7 @@ class _Run:
     shadow_generator: torch.Generator
     stats: GenerationStats
     state: SchedulerState = field(default_factory=SchedulerState)
+    recorder: LogprobRecorder | None = None
 
 
 class Engine:
@@ -236,12 +238,15 @@ class Engine:
         on_chunk: ChunkCallback | None = None,
         on_cycle: CycleCallback | None = None,
         cancel: threading.Event | None = None,
+        logprobs: LogprobRecorder | None = None,
     ) -> GenerationResult:
         """Generate a continuation of ``prompt``.
 
         ``on_chunk(text, token_ids)`` streams each committed chunk; ``on_cycle(record)`` receives
         a :class:`CycleRecord` per cycle (diagnostics; its cost counts as "other" time); once
         ``cancel`` is set, the next cycle raises :class:`~relaxspec.errors.Cancelled` instead.
+        ``logprobs`` receives the target's logits of every committed token (and of the prompt,
+        if it asks) before ``on_chunk`` sees the chunk (:mod:`relaxspec.engine.logprobs`).
         """
         params = params or SamplingParams()
         rule = self._rule_for(params) if self.proposer is not None else None
@@ -253,6 +258,7 @@ class Engine:
             generator=torch.Generator(device="cpu").manual_seed(seed),
             shadow_generator=torch.Generator(device="cpu").manual_seed(seed ^ 0x5AD0),
             stats=GenerationStats(prompt_tokens=ids.shape[1]),
+            recorder=logprobs,
         )
         text = _TextTracker(self.tokenizer, params.stop)
         budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
@@ -282,6 +288,8 @@ class Engine:
             chunk, finish = self._cut(record.chunk, remaining, params, text)
             ids = torch.cat([ids, torch.tensor([chunk], dtype=torch.long)], dim=1)
             generated += len(chunk)
+            if logprobs is not None and chunk:
+                self._record_logprobs(record, chunk, logprobs)
             if on_chunk is not None and chunk:
                 on_chunk(text.delta(final=finish != "length"), chunk)
             if self.draft_length is not None:
@@ -402,11 +410,27 @@ class Engine:
         return accepted
 
     def _score(self, ids: torch.Tensor, draft: torch.Tensor, run: _Run) -> torch.Tensor:
-        """The verifier pass (timed): processed target laws ``[1, K+1, V]``."""
+        """The verifier pass (timed): processed target laws ``[1, K+1, V]``.
+
+        A recorder that wants the prompt's logprobs gets them from the first pass, the prompt's
+        prefill, which then keeps the logits of every position it feeds (``ids`` all unseen).
+        """
         t0 = _now(self.device)
-        target_probs = self.verifier.score(ids, draft, run.params)
+        keep_fed = run.recorder is not None and run.recorder.wants_prompt
+        target_probs = self.verifier.score(ids, draft, run.params, keep_fed)
         run.stats.verify_seconds += _now(self.device) - t0
+        if keep_fed:
+            assert run.recorder is not None and self.verifier.fed_logits is not None
+            run.recorder.add_prompt(self.verifier.fed_logits[0, : ids.shape[1] - 1], ids[0])
         return target_probs
+
+    def _record_logprobs(self, record: CycleRecord, chunk: list[int], recorder: LogprobRecorder) -> None:
+        """The target's logprobs of a committed ``chunk`` (a prefix of ``record.chunk``): rows
+        ``0 .. len(chunk) − 1`` of the cycle's verifier logits, no extra forward."""
+        logits = self.verifier.last_logits
+        if record.skipped or record.target_probs is None or logits is None:
+            raise LogprobsUnsupported("logprobs need every token verified: this cycle skipped verification")
+        recorder.add(logits[0], chunk)
 
     def _cut(
         self, chunk: list[int], remaining: int, params: SamplingParams, text: _TextTracker
