@@ -153,6 +153,14 @@ def test_echo_of_a_text_prompt_with_the_openai_client(url, models):
     assert all(v <= 0 for v in choice.logprobs.token_logprobs[1:])
 
 
+def assert_same_logprobs(a: dict, b: dict) -> None:
+    """Equal tokens and offsets, logprobs equal up to the rounding of batched forwards."""
+    assert a["tokens"] == b["tokens"] and a["text_offset"] == b["text_offset"]
+    assert a["token_logprobs"] == pytest.approx(b["token_logprobs"], abs=1e-5)
+    for x, y in zip(a["top_logprobs"], b["top_logprobs"], strict=True):
+        assert x == pytest.approx(y, abs=1e-5)
+
+
 def test_several_prompts_come_back_in_order(url, models):
     """A list of texts and a list of token-id lists: choice i is what prompt i gives alone."""
     tok = models.target.tokenizer
@@ -160,12 +168,12 @@ def test_several_prompts_come_back_in_order(url, models):
         body = {"prompt": prompts, "max_tokens": 6, "temperature": 0, "logprobs": 1}
         out = ok(post(url, body))
         assert [c["index"] for c in out["choices"]] == [0, 1, 2]
-        alone = [ok(post(url, {**body, "prompt": p}))["choices"][0] for p in prompts]
+        alone = [ok(post(url, {**body, "prompt": p})) for p in prompts]
         for many, one in zip(out["choices"], alone, strict=True):
-            assert many["text"] == one["text"]
-            assert many["logprobs"]["tokens"] == one["logprobs"]["tokens"]
+            assert many["text"] == one["choices"][0]["text"]
+            assert_same_logprobs(many["logprobs"], one["choices"][0]["logprobs"])
         assert out["usage"]["prompt_tokens"] == sum(len(tok(p)["input_ids"]) for p in PROMPTS)
-        assert out["usage"]["completion_tokens"] == sum(len(c["logprobs"]["tokens"]) for c in alone)
+        assert out["usage"]["completion_tokens"] == sum(one["usage"]["completion_tokens"] for one in alone)
 
 
 def test_several_prompts_with_echo_zero_tokens(url, models):
@@ -268,3 +276,29 @@ def test_echo_without_logprobs_works_for_any_method(url):
     out = ok(post(url, {"prompt": "w1 w2", "max_tokens": 2, "echo": True, **method("prove")}))
     assert out["choices"][0]["text"].startswith("w1 w2")
     assert out["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("name", ["ar", "sd"])
+def test_the_eos_that_ends_a_completion_has_its_logprob(url, models, name):
+    """As in vLLM, the EOS token that ended the completion is among the logprobs (without text):
+    lm-eval's loglikelihood drops the last token of a max_tokens=1 answer, assuming there is one."""
+    tok = models.target.tokenizer
+    eos_text = tok.decode([tok.eos_token_id])
+    ended = 0
+    for prompt in ["w2", "w6 w6", "w3 w2", "w1 w4"]:  # the tiny target ends the first three at once
+        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "logprobs": 1, **method(name)}
+        out = ok(post(url, body))
+        lp, stats = out["choices"][0]["logprobs"], out["usage"]["relaxspec"]
+        if stats["finish_reason"] != "eos":
+            assert len(lp["tokens"]) == out["usage"]["completion_tokens"]
+            continue
+        ended += 1
+        assert len(lp["tokens"]) == out["usage"]["completion_tokens"] + 1
+        assert lp["tokens"][-1] == eos_text
+        ids = tok(prompt)["input_ids"] + ids_of(models, lp["tokens"])
+        logp = direct_logprobs(models.target, ids)
+        assert math.isclose(lp["token_logprobs"][-1], logp[-2, tok.eos_token_id].item(), abs_tol=1e-4)
+        streamed = events(post(url, {**body, "stream": True}))
+        parts = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
+        assert [t for part in parts for t in part["tokens"]] == lp["tokens"]
+    assert ended >= 2

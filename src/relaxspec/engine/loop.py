@@ -288,8 +288,10 @@ class Engine:
             chunk, finish = self._cut(record.chunk, remaining, params, text)
             ids = torch.cat([ids, torch.tensor([chunk], dtype=torch.long)], dim=1)
             generated += len(chunk)
-            if logprobs is not None and chunk:
-                self._record_logprobs(record, chunk, logprobs)
+            if logprobs is not None:
+                self._record_logprobs(
+                    record, self._with_eos(record.chunk, chunk, finish, remaining), logprobs
+                )
             if on_chunk is not None and chunk:
                 on_chunk(text.delta(final=finish != "length"), chunk)
             if self.draft_length is not None:
@@ -424,9 +426,19 @@ class Engine:
             run.recorder.add_prompt(self.verifier.fed_logits[0, : ids.shape[1] - 1], ids[0])
         return target_probs
 
+    def _with_eos(self, full: list[int], kept: list[int], finish: str, remaining: int) -> list[int]:
+        """``kept`` and the EOS token that ended it, if one did: its logprob is reported (as vLLM
+        does; lm-eval's loglikelihood drops the one token a request generates), its text is not."""
+        n = len(kept)
+        if finish == "eos" and n < min(len(full), remaining) and full[n] in self.eos_token_ids:
+            return [*kept, full[n]]
+        return kept
+
     def _record_logprobs(self, record: CycleRecord, chunk: list[int], recorder: LogprobRecorder) -> None:
         """The target's logprobs of a committed ``chunk`` (a prefix of ``record.chunk``): rows
         ``0 .. len(chunk) − 1`` of the cycle's verifier logits, no extra forward."""
+        if not chunk:
+            return
         logits = self.verifier.last_logits
         if record.skipped or record.target_probs is None or logits is None:
             raise LogprobsUnsupported("logprobs need every token verified: this cycle skipped verification")

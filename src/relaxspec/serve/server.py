@@ -1176,6 +1176,9 @@ class Server:
                 yield sse("[DONE]")
                 return
             self.metrics.generation_done(job, result, time.perf_counter() - run.started, run.ttft)
+            rest = run.recorder.take() if run.recorder is not None and job.options.generate else None
+            if rest:  # the logprob of the EOS token that ended the generation (no text)
+                yield sse(shape.chunk("", logprobs=fmt(rest)))
             yield sse(shape.chunk(None, _finish_of(job, result)))
             if job.include_usage:
                 yield sse(shape.usage_chunk(usage(job, result)))
