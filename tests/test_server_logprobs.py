@@ -14,6 +14,8 @@ import openai
 import pytest
 import torch
 
+from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine.logprobs import LogprobRecorder
 from relaxspec.methods import ModelSet
 from relaxspec.models import LoadedModel
 from relaxspec.serve.pool import ServingPool
@@ -302,3 +304,27 @@ def test_the_eos_that_ends_a_completion_has_its_logprob(url, models, name):
         parts = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
         assert [t for part in parts for t in part["tokens"]] == lp["tokens"]
     assert ended >= 2
+
+
+@pytest.mark.parametrize("batching", [False, True])
+def test_pool_records_prompt_and_emitted_logprobs(models, batching):
+    """Through the pool alone, each request decoded by itself or in the shared batch: the prompt's
+    logprobs (from its prefill) and the emitted tokens' (from the verifier forwards) are the
+    target's, and the prompt-only recorder asks for no other forward than the generation's."""
+    pool = ServingPool(models, "nsd", {"k": 4, "theta": 0.9}, batching=batching)
+    ids = models.target.tokenizer(PROMPTS[2])["input_ids"]
+    sampling = SamplingParams(temperature=1.0, seed=3, max_new_tokens=16, ignore_eos=True)
+    recorder = LogprobRecorder(2, prompt=True)
+    result = pool.submit(ids, sampling, logprobs=recorder)
+    plain = pool.submit(ids, sampling)
+    assert result.tokens == plain.tokens  # recording changes nothing
+    assert result.stats.verifier_calls == plain.stats.verifier_calls
+    assert recorder.generated.tokens == result.tokens
+    logp = direct_logprobs(models.target, ids + result.tokens)
+    want = logp[:-1].gather(-1, torch.tensor(ids[1:] + result.tokens)[:, None]).squeeze(-1)
+    got = recorder.prompt_logprobs.logprobs[1:] + recorder.generated.logprobs
+    assert recorder.prompt_logprobs.logprobs[0] is None
+    assert torch.allclose(torch.tensor(got, dtype=torch.float64), want, atol=1e-4)
+    top = logp[:-1].topk(2)
+    tops = recorder.prompt_logprobs.top[1:] + recorder.generated.top
+    assert [[i for i, _ in t] for t in tops] == top.indices.tolist()
