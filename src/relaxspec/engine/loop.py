@@ -26,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify_unchecked
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.draft_length import GoodputDraftLength
+from relaxspec.engine.logprobs import LogprobRecorder, LogprobsUnsupported
 from relaxspec.engine.proposers.base import Proposal, Proposer
 from relaxspec.engine.schedulers import Scheduler, SchedulerState, Strict
 from relaxspec.engine.stats import GenerationResult, GenerationStats
@@ -144,6 +145,7 @@ class _Run:
     shadow_generator: torch.Generator
     stats: GenerationStats
     state: SchedulerState = field(default_factory=SchedulerState)
+    recorder: LogprobRecorder | None = None
 
 
 class Engine:
@@ -236,17 +238,20 @@ class Engine:
         on_chunk: ChunkCallback | None = None,
         on_cycle: CycleCallback | None = None,
         cancel: threading.Event | None = None,
+        logprobs: LogprobRecorder | None = None,
     ) -> GenerationResult:
         """Generate a continuation of ``prompt``.
 
         ``on_chunk(text, token_ids)`` streams each committed chunk; ``on_cycle(record)`` receives
         a :class:`CycleRecord` per cycle (diagnostics; its cost counts as "other" time); once
         ``cancel`` is set, the next cycle raises :class:`~relaxspec.errors.Cancelled` instead.
+        ``logprobs`` receives the target's logits of every committed token (and of the prompt,
+        if it asks) before ``on_chunk`` sees the chunk (:mod:`relaxspec.engine.logprobs`).
         """
         params = params or SamplingParams()
         rule = self._rule_for(params) if self.proposer is not None else None
         ids = self.encode(prompt)
-        run = self._new_run(params, rule, ids.shape[1])
+        run = self._new_run(params, rule, ids.shape[1], logprobs)
         text = _TextTracker(self.tokenizer, params.stop)
         budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
         calls_before = self._calls()
@@ -272,10 +277,7 @@ class Engine:
             chunk, finish = self._cut(record.chunk, remaining, params, text)
             ids = torch.cat([ids, torch.tensor([chunk], dtype=torch.long)], dim=1)
             generated += len(chunk)
-            if on_chunk is not None and chunk:
-                on_chunk(text.delta(final=finish != "length"), chunk)
-            if self.draft_length is not None:
-                self.draft_length.observe_tokens(len(chunk))
+            self._emit(record, chunk, finish, remaining, text, logprobs, on_chunk)
             if adapt is not None and k == previous_k:
                 self._time_cycle(adapt, k, run.stats.cycles, cycle_started)
             previous_k = k
@@ -287,6 +289,25 @@ class Engine:
         if on_chunk is not None and (tail := text.delta(final=True)):
             on_chunk(tail, [])
         return GenerationResult(text=text.text, tokens=text.tokens, stats=run.stats)
+
+    def _emit(
+        self,
+        record: CycleRecord,
+        chunk: list[int],
+        finish: str,
+        remaining: int,
+        text: _TextTracker,
+        logprobs: LogprobRecorder | None,
+        on_chunk: ChunkCallback | None,
+    ) -> None:
+        """Hand a committed ``chunk`` to the logprob recorder, then to the stream, and count it
+        for the draft-length policy."""
+        if logprobs is not None:
+            self._record_logprobs(record, self._with_eos(record.chunk, chunk, finish, remaining), logprobs)
+        if on_chunk is not None and chunk:
+            on_chunk(text.delta(final=finish != "length"), chunk)
+        if self.draft_length is not None:
+            self.draft_length.observe_tokens(len(chunk))
 
     def _rollback(self, keep: int) -> None:
         """Roll every cache back to the committed tokens it may keep (all but the last)."""
@@ -304,9 +325,11 @@ class Engine:
             adapt.observe_cycle(k, _now(self.device) - started)
 
     @staticmethod
-    def _new_run(params: SamplingParams, rule: Rule | None, prompt_tokens: int) -> _Run:
-        """One generation's state: its random streams (from ``params.seed``, else a fresh seed)
-        and stats."""
+    def _new_run(
+        params: SamplingParams, rule: Rule | None, prompt_tokens: int, recorder: LogprobRecorder | None
+    ) -> _Run:
+        """One generation's state: its random streams (from ``params.seed``, else a fresh seed),
+        stats and logprob recorder."""
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         return _Run(
             params=params,
@@ -314,6 +337,7 @@ class Engine:
             generator=torch.Generator(device="cpu").manual_seed(seed),
             shadow_generator=torch.Generator(device="cpu").manual_seed(seed ^ 0x5AD0),
             stats=GenerationStats(prompt_tokens=prompt_tokens),
+            recorder=recorder,
         )
 
     def _max_k(self, remaining: int, rule: Rule | None) -> int:
@@ -417,11 +441,37 @@ class Engine:
         return accepted
 
     def _score(self, ids: torch.Tensor, draft: torch.Tensor, run: _Run) -> torch.Tensor:
-        """The verifier pass (timed): processed target laws ``[1, K+1, V]``."""
+        """The verifier pass (timed): processed target laws ``[1, K+1, V]``.
+
+        A recorder that wants the prompt's logprobs gets them from the first pass, the prompt's
+        prefill, which then keeps the logits of every position it feeds (``ids`` all unseen).
+        """
         t0 = _now(self.device)
-        target_probs = self.verifier.score(ids, draft, run.params)
+        keep_fed = run.recorder is not None and run.recorder.wants_prompt
+        target_probs = self.verifier.score(ids, draft, run.params, keep_fed)
         run.stats.verify_seconds += _now(self.device) - t0
+        if keep_fed:
+            assert run.recorder is not None and self.verifier.fed_logits is not None
+            run.recorder.add_prompt(self.verifier.fed_logits[0, : ids.shape[1] - 1], ids[0])
         return target_probs
+
+    def _with_eos(self, full: list[int], kept: list[int], finish: str, remaining: int) -> list[int]:
+        """``kept`` and the EOS token that ended it, if one did: its logprob is reported (as vLLM
+        does; lm-eval's loglikelihood drops the one token a request generates), its text is not."""
+        n = len(kept)
+        if finish == "eos" and n < min(len(full), remaining) and full[n] in self.eos_token_ids:
+            return [*kept, full[n]]
+        return kept
+
+    def _record_logprobs(self, record: CycleRecord, chunk: list[int], recorder: LogprobRecorder) -> None:
+        """The target's logprobs of a committed ``chunk`` (a prefix of ``record.chunk``): rows
+        ``0 .. len(chunk) − 1`` of the cycle's verifier logits, no extra forward."""
+        if not chunk:
+            return
+        logits = self.verifier.last_logits
+        if record.skipped or record.target_probs is None or logits is None:
+            raise LogprobsUnsupported("logprobs need every token verified: this cycle skipped verification")
+        recorder.add(logits[0], chunk)
 
     def _cut(
         self, chunk: list[int], remaining: int, params: SamplingParams, text: _TextTracker

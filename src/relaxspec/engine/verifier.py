@@ -19,6 +19,8 @@ class Verifier:
 
     def __init__(self, model: PreTrainedModel, name: str = "target") -> None:
         self.lm = make_lm(model, name=name)
+        self.last_logits: torch.Tensor | None = None  # raw logits [1, K+1, V] of the last score
+        self.fed_logits: torch.Tensor | None = None  # with keep_fed: [1, fed, V], every fed position
 
     @property
     def calls(self) -> int:
@@ -31,14 +33,21 @@ class Verifier:
     def start(self, prompt_ids: torch.Tensor) -> None:
         self.lm.reset()
 
-    def score(self, ids: torch.Tensor, draft: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    def score(
+        self, ids: torch.Tensor, draft: torch.Tensor, params: SamplingParams, keep_fed: bool = False
+    ) -> torch.Tensor:
         """Processed target laws ``p_1..p_{K+1}``: ``FloatTensor[1, K+1, V]``.
 
         ``ids[1, n]`` are the committed tokens, ``draft[1, K]`` the proposal (K may be 0: plain
-        AR decoding). ``p_i`` is the distribution of position ``n + i``.
+        AR decoding). ``p_i`` is the distribution of position ``n + i``. The raw logits of those
+        positions stay in :attr:`last_logits` (logprobs); with ``keep_fed`` the logits of every
+        fed position (the prompt's too, on the first call) stay in :attr:`fed_logits`.
         """
-        logits = self.lm.feed_committed(ids, draft, logits_to_keep=draft.shape[1] + 1)
-        return processed_probs(logits, params)
+        keep = draft.shape[1] + 1
+        logits = self.lm.feed_committed(ids, draft, logits_to_keep=0 if keep_fed else keep)
+        self.fed_logits = logits if keep_fed else None
+        self.last_logits = logits[:, -keep:]
+        return processed_probs(self.last_logits, params)
 
     def rollback(self, length: int) -> None:
         self.lm.rollback(length)

@@ -25,6 +25,7 @@ from relaxspec.engine import Engine, GenerationResult
 from relaxspec.engine.batching import Batcher, RowLM
 from relaxspec.engine.draft_length import GoodputDraftLength, LiveStepCosts, measure_step_costs, needs_fixed_k
 from relaxspec.engine.kv import observe_forwards
+from relaxspec.engine.logprobs import LogprobRecorder, check_supported
 from relaxspec.engine.proposers import DraftModel
 from relaxspec.errors import Cancelled, RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
@@ -194,16 +195,19 @@ class ServingPool:
         method_params: dict[str, Any] | None = None,
         on_chunk: Callable[[str, list[int]], None] | None = None,
         cancel: threading.Event | None = None,
+        logprobs: LogprobRecorder | None = None,
     ) -> GenerationResult:
         """Run one request to completion in the calling thread (blocking).
 
         ``on_chunk`` must not block: with batching, every running request waits for the slowest
-        one at each step.
+        one at each step. ``logprobs`` collects the target's logprobs of the committed tokens
+        (and of the prompt, if it asks); a method that cannot give them is refused before the
+        request takes a slot (:class:`~relaxspec.engine.logprobs.LogprobsUnsupported`).
         """
         with self._lock:
             self._in_flight += 1
         try:
-            return self._submit(prompt, sampling, method, method_params, on_chunk, cancel)
+            return self._submit(prompt, sampling, method, method_params, on_chunk, cancel, logprobs)
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -216,6 +220,7 @@ class ServingPool:
         method_params: dict[str, Any] | None,
         on_chunk: Callable[[str, list[int]], None] | None,
         cancel: threading.Event | None,
+        logprobs: LogprobRecorder | None = None,
     ) -> GenerationResult:
         method, params = self.resolve(method, method_params)
         if self.batcher is not None:
@@ -224,6 +229,8 @@ class ServingPool:
         else:
             engine, rows = build_engine(method, self.models, **params), []
         engine.encode(prompt)  # validate the prompt before taking a slot
+        if logprobs is not None:
+            check_supported(engine, self.models.target.model if self.models.target is not None else None)
         engine.draft_length = self.draft_length_policy(method, params, sampling, engine)
         self._admit()
         started = self._clock()
@@ -238,7 +245,7 @@ class ServingPool:
                 on_chunk(text, ids)
 
         self._take_slot(cancel)
-        result = self._run(engine, rows, prompt, sampling, chunk_hook, cancel)
+        result = self._run(engine, rows, prompt, sampling, chunk_hook, cancel, logprobs)
         self._count_completed(result, self._clock() - started, first_chunk_at)
         return result
 
@@ -276,6 +283,7 @@ class ServingPool:
         sampling: SamplingParams,
         chunk_hook: Callable[[str, list[int]], None],
         cancel: threading.Event | None,
+        logprobs: LogprobRecorder | None,
     ) -> GenerationResult:
         """Generate in the slot taken (as a row of the shared batch where there is one), counting
         a cancelled or failed request; the slot is given back whatever happens."""
@@ -284,8 +292,8 @@ class ServingPool:
                 raise Cancelled()
             if self.batcher is not None:
                 with self.batcher.running(rows, cancel=cancel, engine=engine):
-                    return engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
-            return engine.generate(prompt, sampling, on_chunk=chunk_hook, cancel=cancel)
+                    return engine.generate(prompt, sampling, chunk_hook, cancel=cancel, logprobs=logprobs)
+            return engine.generate(prompt, sampling, chunk_hook, cancel=cancel, logprobs=logprobs)
         except Cancelled:
             with self._lock:
                 self.stats.cancelled += 1

@@ -63,11 +63,22 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.data.chat import CUE, ROLE_LABELS, STOP, render_chat
 from relaxspec.engine import GenerationResult, GenerationStats
+from relaxspec.engine.logprobs import LogprobsUnsupported, TokenLogprobs
 from relaxspec.errors import RelaxSpecError
 from relaxspec.methods import ROLE_LOADERS, ModelSet, get_method, load_role, method_names
 from relaxspec.models import LoadedModel, model_dir
 from relaxspec.serve import DEFAULT_MAX_BODY_BYTES
 from relaxspec.serve.admission import PromptGate, release_memory
+from relaxspec.serve.logprobs import (
+    BadValue,
+    Formatter,
+    LogprobRequest,
+    TokenText,
+    chat_options,
+    choice_logprobs,
+    completion_options,
+    completion_prompts,
+)
 from relaxspec.serve.pool import Cancelled, Overloaded, ServingPool
 
 log = logging.getLogger("relaxspec.serve.server")
@@ -176,6 +187,8 @@ def _error_from_exception(err: BaseException) -> APIError:
             code="server_overloaded",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
+    if isinstance(err, LogprobsUnsupported):
+        return bad_request(str(err), "logprobs", "unsupported")
     if isinstance(err, RelaxSpecError):
         return bad_request(str(err))
     log.error("request failed", exc_info=err)
@@ -238,6 +251,7 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(None, ge=0, le=MAX_INT)  # 0: only with echo (prompt logprobs)
     echo: bool | None = None
     logprobs: int | None = None
     best_of: int | None = None
@@ -273,9 +287,6 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop")
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "best_of": (1,),
-    "echo": (False,),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
     "suffix": ("",),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
@@ -342,6 +353,9 @@ class Job:
     method_params: dict[str, Any] | None
     stream: bool
     include_usage: bool
+    index: int = 0  # the choice's index (a completions request may carry several prompts)
+    options: LogprobRequest = field(default_factory=LogprobRequest)  # logprobs, echo
+    prompt_text: str = ""  # what echo puts before the completion
 
 
 @dataclass
@@ -449,19 +463,6 @@ def _not_unicode(path: tuple[Any, ...], what: str) -> APIError:
     )
 
 
-def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> str | list[int]:
-    """The one prompt of a completions request: a string or token ids (a list of one of either)."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise bad_request(
-                f"only one prompt per request is supported, got {len(prompt)}", "prompt", "unsupported_value"
-            )
-        prompt = prompt[0]
-    if not prompt:
-        raise bad_request("the prompt is empty", "prompt", "empty_prompt")
-    return prompt
-
-
 def _count_tokens(config: ServerConfig, prompt: str | list[int], param: str) -> int:
     """Prompt length in tokens (as the engine will encode it); 400 for text that cannot be encoded
     and for a prompt that cannot fit the context, found without tokenizing all of it
@@ -567,8 +568,45 @@ def _method(pool: ServingPool, options: RelaxSpecOptions | None) -> tuple[str, d
     return resolved, params
 
 
-def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | ChatCompletionRequest) -> Job:
-    """Validate a parsed request against the model, the server limits and the pool."""
+def build_jobs(
+    config: ServerConfig, pool: ServingPool, req: CompletionRequest | ChatCompletionRequest
+) -> list[Job]:
+    """The jobs of a request: one per prompt of a completions request (choice ``index`` = the
+    prompt's), one for a chat request."""
+    if isinstance(req, ChatCompletionRequest):
+        return [build_job(config, pool, req)]
+    prompts = _prompts(req)
+    if len(prompts) > 1 and req.stream:
+        raise bad_request("streaming is supported for one prompt per request", "stream", "unsupported")
+    return [build_job(config, pool, req, prompt, i) for i, prompt in enumerate(prompts)]
+
+
+def _prompts(req: CompletionRequest) -> list[str | list[int]]:
+    try:
+        return completion_prompts(req.prompt)
+    except BadValue as err:
+        raise bad_request(str(err), err.param, err.code) from None
+
+
+def _options(req: CompletionRequest | ChatCompletionRequest) -> LogprobRequest:
+    """The request's logprobs / echo options, validated (400 naming the field)."""
+    try:
+        if isinstance(req, ChatCompletionRequest):
+            return chat_options(req.logprobs, req.top_logprobs)
+        return completion_options(req.logprobs, req.echo, req.max_tokens)
+    except BadValue as err:
+        raise bad_request(str(err), err.param, err.code) from None
+
+
+def build_job(
+    config: ServerConfig,
+    pool: ServingPool,
+    req: CompletionRequest | ChatCompletionRequest,
+    prompt: str | list[int] | None = None,
+    index: int = 0,
+) -> Job:
+    """Validate a parsed request (for completions: its prompt ``prompt``, choice ``index``)
+    against the model, the server limits and the pool."""
     if req.model and req.model != config.model_name:
         raise APIError(
             404,
@@ -577,17 +615,20 @@ def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | 
             code="model_not_found",
         )
     _reject_unsupported(req)
+    options = _options(req)
     if isinstance(req, ChatCompletionRequest):
         endpoint = "chat"
-        prompt: str | list[int] = config.chat_template.render(req.messages)
+        prompt = config.chat_template.render(req.messages)
         stop = _stops(req.stop, config.chat_template.stop)
         requested, default = req.max_completion_tokens or req.max_tokens, None
         names = ("messages", "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     else:
         endpoint = "completions"
-        prompt = _completion_prompt(req.prompt)
+        prompt = _prompts(req)[0] if prompt is None else prompt
         stop = _stops(req.stop)
-        requested, default = req.max_tokens, config.default_max_tokens
+        # echo with max_tokens 0: one token is decoded in the prompt's forward and dropped (vLLM)
+        requested = req.max_tokens if options.generate else 1
+        default = config.default_max_tokens
         names = ("prompt", "max_tokens")
     prompt_tokens = _count_tokens(config, prompt, names[0])
     max_tokens = _max_tokens(config, requested, prompt_tokens, default, names)
@@ -608,7 +649,11 @@ def build_job(config: ServerConfig, pool: ServingPool, req: CompletionRequest | 
         field = str(err).split(" ", 1)[0]
         raise bad_request(str(err), param=field if field in _SAMPLING_FIELDS else None) from None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Job(endpoint, prompt, prompt_tokens, sampling, method, params, bool(req.stream), include_usage)
+    echo = "" if not options.echo else prompt if isinstance(prompt, str) else config.tokenizer.decode(prompt)
+    return Job(
+        endpoint, prompt, prompt_tokens, sampling, method, params, bool(req.stream), include_usage,
+        index, options, echo,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,22 +665,38 @@ def finish_reason(result: GenerationResult) -> str:
     return "length" if result.stats.finish_reason == "length" else "stop"
 
 
+def _finish_of(job: Job, result: GenerationResult) -> str:
+    """The finish reason of a choice; ``"length"`` for ``max_tokens: 0`` (the budget)."""
+    return finish_reason(result) if job.options.generate else "length"
+
+
 def usage(job: Job, result: GenerationResult) -> dict[str, Any]:
     """OpenAI ``usage`` plus a ``relaxspec`` object with the decoding statistics."""
-    s = result.stats
+    return usage_of([job], [result])
+
+
+def usage_of(jobs: list[Job], results: list[GenerationResult]) -> dict[str, Any]:
+    """The ``usage`` of a request's choices (the sums; a choice of ``max_tokens: 0`` completes
+    nothing, though it decoded one token)."""
+    s = results[0].stats
+    for result in results[1:]:
+        s = s.merge(result.stats)
+    prompt = sum(job.prompt_tokens for job in jobs)
+    completion = sum(r.stats.new_tokens for job, r in zip(jobs, results, strict=True) if job.options.generate)
+    finish = [r.stats.finish_reason for r in results]
     return {
-        "prompt_tokens": job.prompt_tokens,
-        "completion_tokens": s.new_tokens,
-        "total_tokens": job.prompt_tokens + s.new_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
         "relaxspec": {
-            "method": job.method,
+            "method": jobs[0].method,
             "tau": s.tau,
             "verifier_calls": s.verifier_calls,
             "draft_calls": s.draft_calls,
             "cycles": s.cycles,
             "proposed_tokens": s.proposed_tokens,
             "accepted_tokens": s.accepted_tokens,
-            "finish_reason": s.finish_reason,
+            "finish_reason": finish[0] if len(finish) == 1 else finish,
             "seconds": s.total_seconds,
         },
     }
@@ -654,27 +715,39 @@ class Shape:
         prefix = "chatcmpl" if self.endpoint == "chat" else "cmpl"
         return {"id": f"{prefix}-{self.id}", "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish: str, usage_: dict[str, Any]) -> dict[str, Any]:
+    def choice(
+        self, index: int, text: str, finish: str, logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         if self.endpoint == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-            return {**self._head("chat.completion"), "choices": [choice], "usage": usage_}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._head("text_completion"), "choices": [choice], "usage": usage_}
+            message = {"role": "assistant", "content": text}
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> dict[str, Any]:
-        """One stream chunk: a text delta, or the final one (``finish`` set, no text)."""
+    def full(
+        self, text: str, finish: str, usage_: dict[str, Any], logprobs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return self.response([self.choice(0, text, finish, logprobs)], usage_)
+
+    def response(self, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> dict[str, Any]:
+        obj = "chat.completion" if self.endpoint == "chat" else "text_completion"
+        return {**self._head(obj), "choices": choices, "usage": usage_}
+
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        role: bool = False,
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """One stream chunk: a text delta (with its tokens' logprobs), or the final one
+        (``finish`` set, no text)."""
         if self.endpoint == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, usage_: dict[str, Any]) -> dict[str, Any]:
@@ -800,6 +873,14 @@ class _Done:
 DONE = _Done()
 
 
+@dataclass
+class Piece:
+    """Committed text for the stream, and the logprobs of the tokens committed with it."""
+
+    text: str
+    logprobs: TokenLogprobs | None = None
+
+
 class Run:
     """One generation on a worker thread, its text chunks bridged to the event loop."""
 
@@ -810,11 +891,12 @@ class Run:
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
         self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[str | _Done] = asyncio.Queue()
+        self.recorder = job.options.recorder()  # None: no logprobs asked
+        self.queue: asyncio.Queue[Piece | _Done] = asyncio.Queue()
         self._pending_get: asyncio.Task | None = None
         self.future = self.loop.run_in_executor(executor, self._work)
 
-    def _put(self, item: str | _Done) -> None:
+    def _put(self, item: Piece | _Done) -> None:
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # event loop closed (server shutting down)
@@ -826,10 +908,12 @@ class Run:
         first = self.first_token_at is None
         if ids and first:
             self.first_token_at = time.perf_counter()
-        if text or first:
-            self._put(text)
+        logprobs = self.recorder.take() if self.recorder is not None else None
+        if text or first or logprobs:
+            self._put(Piece(text, logprobs))
 
     def _work(self) -> GenerationResult:
+        extra = {"logprobs": self.recorder} if self.recorder is not None else {}
         try:
             return self.pool.submit(
                 self.job.prompt,
@@ -838,6 +922,7 @@ class Run:
                 method_params=self.job.method_params,
                 on_chunk=self._on_chunk,
                 cancel=self.cancel,
+                **extra,
             )
         finally:
             self._put(DONE)
@@ -846,7 +931,7 @@ class Run:
     def ttft(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.started
 
-    async def next_event(self, request: Request | None, poll: float) -> str | _Done:
+    async def next_event(self, request: Request | None, poll: float) -> Piece | _Done:
         """The next text chunk, or DONE once the worker has finished (``future`` is then done).
 
         With a ``request``, polls whether its client is still there and cancels the run if not
@@ -897,12 +982,13 @@ class Server:
         self.runs: set[Run] = set()
         self._large_parses: asyncio.Semaphore | None = None  # made on the event loop
         self._large_in_flight = 0
+        self.text_of = TokenText(config.tokenizer)  # token texts for logprobs
 
     async def generate(self, request: Request, endpoint: str) -> Response:
         """Handle one completions/chat request end to end; never raises."""
         try:
-            job = await self._parse(request, endpoint)
-            run = Run(self.pool, job, self.executor)
+            jobs = await self._parse(request, endpoint)
+            run = Run(self.pool, jobs[0], self.executor) if jobs[0].stream else None
         except APIError as err:
             self.metrics.request_done(endpoint, err.status)
             return err.response()
@@ -913,15 +999,12 @@ class Server:
             api = _error_from_exception(err)
             self.metrics.request_done(endpoint, api.status)
             return api.response()
+        if run is None:
+            return await self._complete(request, jobs)
         self.runs.add(run)
-        if job.stream:
-            return await self._stream(request, run)
-        try:
-            return await self._complete(request, run)
-        finally:
-            self._finish(run)
+        return await self._stream(request, run)
 
-    async def _parse(self, request: Request, endpoint: str) -> Job:
+    async def _parse(self, request: Request, endpoint: str) -> list[Job]:
         """Read the body (capped), then decode, validate and tokenize it on a worker thread."""
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > LARGE_BODY_BYTES:
@@ -931,7 +1014,7 @@ class Server:
             return await self._parse_large(raw, endpoint)
         return await run_in_threadpool(self._build, raw, endpoint)
 
-    async def _parse_large(self, body: Request | bytes, endpoint: str) -> Job:
+    async def _parse_large(self, body: Request | bytes, endpoint: str) -> list[Job]:
         """A large body waits (on the event loop, holding no thread) for one of
         :data:`LARGE_BODY_PARSES` slots before it is read, decoded and tokenized: a flood of large
         prompts neither takes the worker threads from the small requests nor holds more than a few
@@ -962,14 +1045,14 @@ class Server:
                 raise too_large(cap)
         return bytes(raw)
 
-    def _build(self, raw: bytes, endpoint: str) -> Job:
+    def _build(self, raw: bytes, endpoint: str) -> list[Job]:
         body = decode_body(raw)
         model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         try:
             req = model.model_validate(body)
         except ValidationError as err:
             raise _validation_error(err) from None
-        return build_job(self.config, self.pool, req)
+        return build_jobs(self.config, self.pool, req)
 
     def admit(self, scope: Scope) -> APIError | None:
         """Checks made before a request is routed and its body read: the API key (every path but
@@ -991,16 +1074,48 @@ class Server:
                 return too_large(self.config.max_body_bytes)
         return None
 
-    async def _complete(self, request: Request, run: Run) -> Response:
-        job = run.job
-        try:
-            result = await run.result(request, self.config.poll_interval)
-        except Exception as err:
-            return self._failure(job, err)
-        self.metrics.generation_done(job, result, time.perf_counter() - run.started, run.ttft)
-        self.metrics.request_done(job.endpoint, 200)
-        shape = Shape(job.endpoint, self.config.model_name)
-        return JSONResponse(shape.full(result.text, finish_reason(result), usage(job, result)))
+    async def _complete(self, request: Request, jobs: list[Job]) -> Response:
+        """Run a request's jobs and answer with all their choices. The prompts of one request run
+        at most ``max_concurrency`` at a time, each through the pool like a request of its own
+        (queued behind earlier requests, batched with the others); one that fails stops the rest
+        and the request gets its error."""
+        window = asyncio.Semaphore(self.pool.max_concurrency)
+        runs: list[Run] = []
+
+        async def one(job: Job) -> tuple[Run, GenerationResult]:
+            async with window:
+                if any(run.cancel.is_set() for run in runs):
+                    raise Cancelled()
+                run = Run(self.pool, job, self.executor)
+                self.runs.add(run)
+                runs.append(run)
+                try:
+                    result = await run.result(request, self.config.poll_interval)
+                except BaseException:
+                    for other in runs:
+                        other.cancel.set()
+                    raise
+                finally:
+                    self._finish(run)
+            self.metrics.generation_done(job, result, time.perf_counter() - run.started, run.ttft)
+            return run, result
+
+        outcomes = await asyncio.gather(*(one(job) for job in jobs), return_exceptions=True)
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if errors:
+            first = next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
+            return self._failure(jobs[0], first)
+        shape = Shape(jobs[0].endpoint, self.config.model_name)
+        choices = [self._choice(shape, job, *outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
+        self.metrics.request_done(jobs[0].endpoint, 200)
+        return JSONResponse(shape.response(choices, usage_of(jobs, [result for _, result in outcomes])))
+
+    def _choice(self, shape: Shape, job: Job, run: Run, result: GenerationResult) -> dict[str, Any]:
+        """One choice: the echoed prompt and the completion (none for ``max_tokens: 0``), with
+        their logprobs if asked."""
+        text = job.prompt_text + (result.text if job.options.generate else "")
+        logprobs = choice_logprobs(run.recorder, job.options, job.endpoint == "chat", self.text_of)
+        return shape.choice(job.index, text, _finish_of(job, result), logprobs)
 
     async def _stream(self, request: Request, run: Run) -> Response:
         """Start the SSE stream once the request produced text or finished.
@@ -1041,10 +1156,14 @@ class Server:
         try:
             if job.endpoint == "chat":
                 yield sse(shape.chunk("", role=True))
+            fmt = Formatter(job.endpoint == "chat", self.text_of)
+            if job.options.echo:
+                prompt = run.recorder.prompt_logprobs if run.recorder is not None else None
+                yield sse(shape.chunk(job.prompt_text, logprobs=fmt(prompt)))
             item = first
             while not isinstance(item, _Done):
-                if item:
-                    yield sse(shape.chunk(item))
+                if job.options.generate and (item.text or item.logprobs):
+                    yield sse(shape.chunk(item.text, logprobs=fmt(item.logprobs)))
                 item = await run.next_event(None, self.config.poll_interval)
             try:
                 result = run.future.result()
@@ -1057,7 +1176,10 @@ class Server:
                 yield sse("[DONE]")
                 return
             self.metrics.generation_done(job, result, time.perf_counter() - run.started, run.ttft)
-            yield sse(shape.chunk(None, finish_reason(result)))
+            rest = run.recorder.take() if run.recorder is not None and job.options.generate else None
+            if rest:  # the logprob of the EOS token that ended the generation (no text)
+                yield sse(shape.chunk("", logprobs=fmt(rest)))
+            yield sse(shape.chunk(None, _finish_of(job, result)))
             if job.include_usage:
                 yield sse(shape.usage_chunk(usage(job, result)))
             yield sse("[DONE]")
