@@ -14,7 +14,14 @@ PACKAGE = Path(relaxspec.__file__).parent
 
 # Floors from the ground up; a module may import its own floor and any floor below it.
 FLOORS: list[tuple[str, ...]] = [
-    ("relaxspec", "relaxspec.errors", "relaxspec.atomic", "relaxspec.models", "relaxspec.data"),
+    (
+        "relaxspec",
+        "relaxspec.errors",
+        "relaxspec.params",
+        "relaxspec.atomic",
+        "relaxspec.models",
+        "relaxspec.data",
+    ),
     ("relaxspec.core", "relaxspec.acceptance", "relaxspec.theory"),
     ("relaxspec.engine",),
     ("relaxspec.methods",),

@@ -17,6 +17,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.bench import expand_grid, parse_sets
 from relaxspec.methods import ModelSet, build_engine, resolve_params
 from relaxspec.models import load_model
+from relaxspec.params import DEFAULT_K
 from relaxspec.serve.pool import ServingPool
 from relaxspec.serve.server import BackgroundServer, create_app
 
@@ -35,7 +36,7 @@ BAD = [
     ("threshold", "acc=0", "acc must be a number in (0, 1]"),
     ("threshold", "acc=true", "acc must be a number in (0, 1]"),
     ("fly", "window=0", "window must be an integer ≥ 1"),
-    ("fly", "window=8", "window (8) must be smaller than k (8)"),
+    ("fly", "window=4", "window (4) must be smaller than k (4)"),  # k: DEFAULT_K
     ("fly", "entropy_threshold=-1", "entropy_threshold must be a number ≥ 0"),
     ("fly", "entropy_top_k=0", "entropy_top_k must be an integer ≥ 1"),
     ("fly", "k=1", "fly needs k ≥ 2"),
@@ -43,8 +44,8 @@ BAD = [
 
 
 def test_presets_build_the_rules():
-    assert resolve_params("topk-delta", {}) == {"k": 8, "top_n": 3, "delta": 0.1}
-    assert resolve_params("threshold", {"single": 0.3}) == {"k": 8, "single": 0.3, "acc": 1.0}
+    assert resolve_params("topk-delta", {}) == {"k": DEFAULT_K, "top_n": 3, "delta": 0.1}
+    assert resolve_params("threshold", {"single": 0.3}) == {"k": DEFAULT_K, "single": 0.3, "acc": 1.0}
     assert resolve_params("fly", {"window": 3})["window"] == 3
 
 

@@ -24,7 +24,7 @@ from relaxspec.acceptance import Exact, Greedy, Lenience, Nucleus, TopK, Typical
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm import rejection
-from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
+from relaxspec.integrations.vllm.rules import RuleChoice, default_choice
 from relaxspec.theory import emitted_distribution
 
 V = 8
@@ -328,19 +328,24 @@ def test_nsd_without_theta_uses_each_regimes_default_theta():
     """The same per-regime default θ as our engine's `nsd` (core.acceptance.NSD_DEFAULT_THETA)."""
     from relaxspec.core.acceptance import NSD_DEFAULT_THETA
 
-    for choice in (RuleChoice("nsd"), RuleChoice("nsd", {"theta": None}), choice_from_args({"rule": "nsd"})):
+    for choice in (
+        RuleChoice("nsd"),
+        RuleChoice("nsd", {"theta": None}),
+        RuleChoice.from_extra_args({"rule": "nsd"}),
+    ):
         assert choice.rule(False) == Nucleus(NSD_DEFAULT_THETA["sampling"])
         assert choice.rule(True) == Nucleus(NSD_DEFAULT_THETA["greedy"], greedy=True)
     assert RuleChoice("nsd", {"theta": 0.9}).rule(True) == Nucleus(0.9, greedy=True)  # given: both
-    again = json.loads(RuleChoice("nsd").to_json())  # how the default travels to vLLM's processes
-    assert choice_from_args(again) == RuleChoice("nsd")
+    # how the default travels to vLLM's processes
+    again = json.loads(json.dumps(RuleChoice("nsd").to_extra_args()))
+    assert RuleChoice.from_extra_args(again) == RuleChoice("nsd")
 
 
 def test_rule_arguments_validated():
-    assert choice_from_args({"rule": "nucleus", "theta": "0.9"}).rule(False) == Nucleus(0.9)
-    assert choice_from_args({"theta": 0.5}).name == "nsd"  # a parameter implies its rule
-    assert choice_from_args({"accept_k": 3}, RuleChoice("topk")).params == {"accept_k": 3}
-    assert choice_from_args({"other_plugin_key": 1}) == RuleChoice("sd")
+    assert RuleChoice.from_extra_args({"rule": "nucleus", "theta": "0.9"}).rule(False) == Nucleus(0.9)
+    assert RuleChoice.from_extra_args({"theta": 0.5}).name == "nsd"  # a parameter implies its rule
+    assert RuleChoice.from_extra_args({"accept_k": 3}, RuleChoice("topk")).params == {"accept_k": 3}
+    assert RuleChoice.from_extra_args({"other_plugin_key": 1}) == RuleChoice("sd")
     assert RuleChoice("sd").rule(True) == Greedy()
     assert RuleChoice("lenience", {"ell": 0.5}).rule(True) == Lenience(0.5, greedy=True)
     for bad in (
@@ -355,7 +360,7 @@ def test_rule_arguments_validated():
         {"rule": "lenience", "ell": float("nan")},
     ):
         with pytest.raises(RelaxSpecError):
-            choice_from_args(bad)
+            RuleChoice.from_extra_args(bad)
 
 
 def test_default_rule_from_environment(monkeypatch):
@@ -528,7 +533,7 @@ def test_request_xargs_name_the_new_rules_and_gate_only_on_a_gate_server():
     served = RuleChoice("gate", {"theta": 0.05})
     assert check_request({"rule": "gate", "theta": 0.2}, served).rule(False) == Gate(0.2)
     assert check_request({}, served) == served
-    assert choice_from_args({"rule": "gate"}).name == "gate"  # in-process callers may name it
+    assert RuleChoice.from_extra_args({"rule": "gate"}).name == "gate"  # in-process callers may name it
 
 
 def test_http_vllm_xargs_validated_as_sent():

@@ -25,7 +25,7 @@ from relaxspec.core.sampling import SamplingParams as OurParams
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm.offline import VLLMEngine
-from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args
+from relaxspec.integrations.vllm.rules import RuleChoice
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import load_model, model_dir
 from relaxspec.testing import vllm_server
@@ -361,11 +361,11 @@ def test_gate_row_without_drafts_still_emits_a_token():
 
 
 def test_gate_rule_arguments():
-    assert choice_from_args({"rule": "gate", "theta": 0.2}).params == {"theta": 0.2}
-    assert choice_from_args({"rule": "prove"}).name == "gate"
-    assert choice_from_args({"theta": 0.3}, RuleChoice("gate")).name == "gate"
+    assert RuleChoice.from_extra_args({"rule": "gate", "theta": 0.2}).params == {"theta": 0.2}
+    assert RuleChoice.from_extra_args({"rule": "prove"}).name == "gate"
+    assert RuleChoice.from_extra_args({"theta": 0.3}, RuleChoice("gate")).name == "gate"
     with pytest.raises(RelaxSpecError):
-        choice_from_args({"rule": "gate", "theta": -1})
+        RuleChoice.from_extra_args({"rule": "gate", "theta": -1})
 
 
 def test_bad_proposer_settings_fail_clearly():

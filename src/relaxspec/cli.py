@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from relaxspec import params as params_mod
 from relaxspec.errors import RelaxSpecError
 from relaxspec.serve import API_KEY_ENV, DEFAULT_MAX_BODY_BYTES
 
@@ -101,17 +102,8 @@ def _configure_threads(threads: int | None, engine: str) -> None:
 
 
 # Method parameters with a flag of their own on every command that builds engines (any other
-# parameter of a preset: ``--set name=value``). Each name is a parameter of some preset (tested).
-METHOD_FLAGS: dict[str, tuple[type, str]] = {
-    "k": (int, "draft length K"),
-    "theta": (float, "nucleus threshold θ (nsd; sdd accept=nucleus) / gate θ (prove)"),
-    "accept_k": (int, "accept drafts among the target's top-k (topk)"),
-    "epsilon": (float, "typical acceptance ε"),
-    "delta": (float, "typical acceptance δ; topk-delta δ"),
-    "ell": (float, "lenience ℓ"),
-    "block_size": (int, "tokens per block proposal (mars, prove, prove-lossless)"),
-    "tau": (float, "confidence threshold τ (mars; sdd-skip)"),
-}
+# parameter of a preset: ``--set name=value``): the shared Params of relaxspec.params.
+METHOD_FLAGS: dict[str, tuple[type, str]] = {p.name: (p.kind, p.help) for p in params_mod.METHOD_FLAGS}
 MODEL_HELP = {
     "target": "target model directory",
     "draft": "draft model directory (also ProVe's small verifier)",
@@ -1002,7 +994,8 @@ def serve_cmd(
         concurrency = max_concurrency if _given_flags(ctx, "max_concurrency") else None  # else vLLM's
         schedule = parse_k_schedule(k_schedule) if k_schedule is not None else None
         params = {n: v for n, v in opts.params.items() if n != "k"}
-        vllm_serve(opts.method, params, k=opts.params.get("k", 4), target=opts.paths.get("target"),
+        k = opts.params.get("k", params_mod.DEFAULT_K)
+        vllm_serve(opts.method, params, k=k, target=opts.paths.get("target"),
                    draft=opts.paths.get("draft"), host=host, port=port, api_key=api_key,
                    served_model_name=model_name, k_schedule=schedule, max_body_bytes=max_body_bytes,
                    max_tokens_cap=max_tokens_cap, default_max_tokens=default_max_tokens, log_level=log_level,

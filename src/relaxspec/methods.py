@@ -1,22 +1,24 @@
 """Named method presets (docs/design.md §4): a method is a (proposer, verifier, rule, scheduler) combination.
 
-``build_engine("nsd", target, draft, theta=0.9, k=8)`` returns a ready :class:`Engine`. Each
-preset declares the models it needs and its parameters with defaults, so unknown names and bad
-values fail with one clear message, and the CLI, the benchmark and the server all build engines
-through this one function. Users who want another combination build an :class:`Engine` from the
-parts directly.
+``build_engine("nsd", target, draft, theta=0.9, k=4)`` returns a ready :class:`Engine`. Each
+preset (:class:`MethodSpec`) declares the models it needs, its typed parameters
+(:class:`~relaxspec.params.Param`), the rule it verifies with (:data:`RULES`) and its row inside
+vLLM (:class:`VllmRow`). Parameters are resolved once into a frozen
+:class:`~relaxspec.params.Params`; the CLI's flags, the server's ``relaxspec.params``, vLLM's
+``extra_args`` and the bench grid all read these declarations. Users who want another
+combination build an :class:`Engine` from the parts directly.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Nucleus, Rule, TopK, Typical, nsd_rule
-from relaxspec.core.peer_rules import FLy, Threshold, TopKDelta
+from relaxspec.core.acceptance import Exact, Greedy, Rule
+from relaxspec.core.named_rules import RULES, RuleSpec, theta_with_default
 from relaxspec.engine import Engine
 from relaxspec.engine.packed import KERNELS
 from relaxspec.engine.packed import attach as attach_kernels
@@ -33,8 +35,23 @@ from relaxspec.engine.proposers.diffusion import REVEAL_ORDERS, DiffusionPropose
 from relaxspec.engine.proposers.draft_model import DraftModel
 from relaxspec.engine.schedulers import ConfidenceSkip, Periodic, RawConfidence, Scheduler, Signal, Strict
 from relaxspec.engine.survival import ConditionalSurvival, MarginalSurvival, SurvivalPredictor
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_choice, check_int, is_int
 from relaxspec.models import LoadedModel, check_compatible, check_same_tokenizer, load_model, model_dir
+from relaxspec.params import (
+    ACCEPT_K,
+    BLOCK_SIZE,
+    DEFAULT_BLOCK_SIZE,
+    MAX_COUNT,
+    MAX_DRAFT_TOKENS,
+    MAX_DRAFT_WORK,
+    TAU,
+    K,
+    Param,
+    Params,
+    declare,
+    defaults,
+    resolve,
+)
 
 MODEL_ROLES = ("target", "draft", "block", "diffusion", "survival")
 
@@ -56,21 +73,59 @@ class ModelSet:
         return model
 
 
+# --- Methods: presets that own their parameters, build engines and declare their vLLM row ----------
+
+
+@dataclass(frozen=True)
+class VllmRow:
+    """How a method runs inside vLLM (read by :mod:`relaxspec.integrations.vllm.runners`).
+
+    ``proposer``: ``ar`` (no drafts), ``draft`` (vLLM's draft-model proposer; ``proposer=block``
+    swaps in a MARS drafter), ``block`` (a block proposer: ``seam`` picks how), ``diffusion``.
+    ``extras``: parameters only the vLLM row has; ``drops``: engine parameters it does not take.
+    """
+
+    proposer: str
+    extras: Mapping[str, Param] = field(default_factory=declare)
+    drops: tuple[str, ...] = ()
+
+
+def _no_check(p: Params) -> None:
+    """No checks beyond each parameter's own."""
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """A preset: the models it needs, its parameters (name -> default), and its builder.
+    """A preset: the models it needs, its typed parameters, its builder and its vLLM row.
 
+    ``rule``: the rule it verifies with (None: it picks one from its parameters, or none).
+    ``validate``: checks across parameters, run once after each parameter's own check.
     ``optional`` roles are loaded when a path is given or a bundled model exists, and left None
     otherwise (the builder raises a clear error if the chosen parameters need them).
+    ``vllm``: its row inside vLLM, or None where it skips the verifier (vLLM cannot).
     """
 
     name: str
     summary: str
     needs: tuple[str, ...]
-    params: dict[str, Any]
-    build: Callable[[ModelSet, dict[str, Any]], Engine]
-    validate: Callable[[dict[str, Any]], None] = field(default=lambda p: None)
+    params: Mapping[str, Param]
+    build: Callable[[ModelSet, Params], Engine]
+    validate: Callable[[Params], None] = _no_check
     optional: tuple[str, ...] = ()
+    rule: RuleSpec | None = None
+    vllm: VllmRow | None = None
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return defaults(self.params)
+
+    def resolve(self, given: Mapping[str, Any]) -> Params:
+        """``given`` over the defaults, each value checked, then the checks across values."""
+        p = resolve(f"method {self.name!r}", self.params, given)
+        self.validate(p)
+        if self.rule is not None:
+            self.rule.pair(p)  # constructing the rules validates θ, ℓ, ε, δ, ...
+        return p
 
 
 METHODS: dict[str, MethodSpec] = {}
@@ -82,85 +137,39 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
-# Upper bounds of the method parameters (docs/design.md §7), checked by :func:`resolve_params` for the CLI,
-# the benchmark and the server alike. They bound the work of one decoding cycle, so that one request
-# can neither stall a batch for long nor hold its slot long after a cancel:
-MAX_DRAFT_TOKENS = 64  # k, gamma, block_size, k_min, skip_k: tokens drafted (and verified) per cycle
-MAX_DRAFT_WORK = 1024  # gamma x steps: drafter token positions computed per cycle (sdd*)
-MAX_COUNT = 1 << 20  # counters and ranks: accept_k, period, s_max
-MAX_STRING = 64  # characters of a string parameter (reveal, accept, signal)
-_MAX_INT = 1 << 31  # any integer parameter, before its own bound
-
-
-def _check_k(
-    params: dict[str, Any], name: str = "k", what: str = "draft length", upper: int = MAX_DRAFT_TOKENS
-) -> None:
-    k = params.get(name)
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= upper:
-        raise RelaxSpecError(f"{name} ({what}) must be an integer in [1, {upper}], got {_show(k)}")
-
-
-def _check_count(params: dict[str, Any], name: str, upper: int = MAX_COUNT) -> None:
-    k = params.get(name)
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= upper:
-        raise RelaxSpecError(f"{name} must be an integer in [1, {upper}], got {_show(k)}")
-
-
-def _show(value: Any) -> str:
-    """A short ``repr`` of a user-given value for an error message."""
-    if isinstance(value, int) and abs(value) >= 10**30:
-        return "a very large integer"
-    text = ascii(value)  # never unencodable text (lone surrogates) in a message
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _check_scalar(method: str, name: str, value: Any) -> None:
-    """A parameter value is a JSON scalar of sane size: a bool, None, an integer below 2^31, a finite
-    float or a short string (what the CLI's ``--set`` and the server's JSON can carry)."""
-    ok = (
-        value is None
-        or isinstance(value, bool)
-        or (isinstance(value, int) and abs(value) < _MAX_INT)
-        or (isinstance(value, float) and math.isfinite(value))
-        or (isinstance(value, str) and len(value) <= MAX_STRING and value.isprintable())
-    )
-    if not ok:
-        raise RelaxSpecError(
-            f"method {method!r}: parameter {_show(name)} must be a number (integers below 2^31, floats "
-            f"finite), a string of at most {MAX_STRING} printable characters, true/false or null; "
-            f"got {_show(value)}"
-        )
+# vLLM-only: which drafter a draft-model rule runs with (a MARS block drafter: block size = k)
+RULE_PROPOSER = Param(
+    "proposer", str, "draft", "vLLM drafter: draft model or block proposer", choices=("draft", "block")
+)
 
 
 def draft_model_method(
     name: str,
     summary: str,
-    params: dict[str, Any],
-    rules: Callable[[dict[str, Any]], tuple[Rule | None, Rule | None]],
+    rule: RuleSpec,
+    sampling_only: bool = False,
+    validate: Callable[[Params], None] = _no_check,
 ) -> MethodSpec:
-    """A classic SD-style preset: DraftModel proposer, target verifier, (sampling, greedy) rules."""
+    """A classic SD-style preset: DraftModel proposer, target verifier, ``rule``'s (sampling,
+    greedy) pair (``sampling_only``: no greedy variant on our engine)."""
 
-    def validate(p: dict[str, Any]) -> None:
-        _check_k(p)
-        if "accept_k" in p:
-            _check_count(p, "accept_k")
-        rules(p)  # constructing the rules validates θ, ℓ, ε, δ, ...
-
-    def build(models: ModelSet, p: dict[str, Any]) -> Engine:
+    def build(models: ModelSet, p: Params) -> Engine:
         target, draft = models.require("target", name), models.require("draft", name)
         check_compatible(target.model, draft.model, "draft")
         check_same_tokenizer(target.tokenizer, draft.tokenizer, "draft")
-        rule, greedy_rule = rules(p)
+        sampling, greedy = rule.pair(p)
         return Engine(
             target.model,
             target.tokenizer,
             proposer=DraftModel(draft.model),
-            rule=rule,
-            greedy_rule=greedy_rule,
-            k=p["k"],
+            rule=sampling,
+            greedy_rule=None if sampling_only else greedy,
+            k=p.k,
         )
 
-    return MethodSpec(name, summary, ("target", "draft"), {"k": 8, **params}, build, validate)
+    params = declare(K, *rule.params.values())
+    row = VllmRow("draft", declare(RULE_PROPOSER))
+    return MethodSpec(name, summary, ("target", "draft"), params, build, validate, rule=rule, vllm=row)
 
 
 register(
@@ -168,50 +177,34 @@ register(
         "ar",
         "autoregressive decoding with the target (the baseline)",
         ("target",),
-        {},
+        declare(),
         lambda models, p: Engine(
             models.require("target", "ar").model, models.require("target", "ar").tokenizer
         ),
+        vllm=VllmRow("ar"),
     )
 )
 register(
     draft_model_method(
-        "sd",
-        "speculative decoding, exact (Leviathan/Chen); greedy: argmax match",
-        {},
-        lambda p: (Exact(), Greedy()),
+        "sd", "speculative decoding, exact (Leviathan/Chen); greedy: argmax match", RULES["sd"]
     )
 )
 register(
     draft_model_method(
-        "nsd",
-        "Nucleus Speculative Decoding: also accept drafts in the target's θ-nucleus",
-        {"theta": None},  # None: the regime's default θ (core.acceptance.NSD_DEFAULT_THETA)
-        lambda p: (nsd_rule(p["theta"], greedy=False), nsd_rule(p["theta"], greedy=True)),
+        "nsd", "Nucleus Speculative Decoding: also accept drafts in the target's θ-nucleus", RULES["nsd"]
+    )
+)
+register(
+    draft_model_method("topk", "also accept drafts among the target's top accept_k tokens", RULES["topk"])
+)
+register(
+    draft_model_method(
+        "typical", "typical acceptance (Medusa): also accept p(x) ≥ min(ε, δ·exp(−H(p)))", RULES["typical"]
     )
 )
 register(
     draft_model_method(
-        "topk",
-        "also accept drafts among the target's top accept_k tokens",
-        {"accept_k": 2},
-        lambda p: (TopK(p["accept_k"]), TopK(p["accept_k"], greedy=True)),
-    )
-)
-register(
-    draft_model_method(
-        "typical",
-        "typical acceptance (Medusa): also accept p(x) ≥ min(ε, δ·exp(−H(p)))",
-        {"epsilon": 0.09, "delta": 0.3},
-        lambda p: (Typical(p["epsilon"], p["delta"]), Typical(p["epsilon"], p["delta"], greedy=True)),
-    )
-)
-register(
-    draft_model_method(
-        "lenience",
-        "lenient acceptance min(1, p/(ℓq)); sampling only",
-        {"ell": 0.5},
-        lambda p: (Lenience(p["ell"]), None),
+        "lenience", "lenient acceptance min(1, p/(ℓq)); sampling only", RULES["lenience"], True
     )
 )
 
@@ -222,79 +215,71 @@ register(
     draft_model_method(
         "topk-delta",
         "TensorRT-LLM relaxed acceptance: also accept drafts in the target's top_n within delta of its top p",
-        {"top_n": 3, "delta": 0.1},
-        lambda p: (TopKDelta(p["top_n"], p["delta"]), TopKDelta(p["top_n"], p["delta"], greedy=True)),
+        RULES["topk-delta"],
     )
 )
 register(
     draft_model_method(
         "threshold",
         "SGLang accept thresholds: accept if p ≥ single, else with probability min(1, p/(acc·q))",
-        {"single": 0.5, "acc": 1.0},
-        lambda p: (Threshold(p["single"], p["acc"]), Threshold(p["single"], p["acc"], greedy=True)),
+        RULES["threshold"],
     )
 )
 
 
-def _fly_rules(p: dict[str, Any]) -> tuple[Rule, Rule]:
-    """FLy's (sampling, greedy) rules; a window that reaches past the draft block defers nothing
-    (``window`` None: ``min(6, K − 1)`` per cycle, vLLM's default)."""
-    if p["k"] == 1:
+def _validate_fly(p: Params) -> None:
+    """A window that reaches past the draft block defers nothing (``window`` None: ``min(6, K − 1)``
+    per cycle, vLLM's default)."""
+    if p.k == 1:
         raise RelaxSpecError("fly needs k ≥ 2: it defers a rejection on the evidence of later drafts")
-    if _is_int(p["window"]) and _is_int(p["k"]) and p["window"] >= p["k"]:
+    if is_int(p.window) and p.window >= p.k:
         raise RelaxSpecError(
-            f"window ({p['window']}) must be smaller than k ({p['k']}): FLy defers a rejection only "
+            f"window ({p.window}) must be smaller than k ({p.k}): FLy defers a rejection only "
             "when the whole window of later drafts lies inside the block"
         )
-    args = (p["window"], p["entropy_threshold"], p["entropy_top_k"])
-    return FLy(*args), FLy(*args, greedy=True)
 
 
 register(
     draft_model_method(
         "fly",
         "FLy: keep a rejected draft at a high-entropy position if the next window drafts are accepted",
-        {"window": None, "entropy_threshold": 0.3, "entropy_top_k": 3},
-        _fly_rules,
+        RULES["fly"],
+        validate=_validate_fly,
     )
 )
 
 
 # --- ProVe family (ProVe paper; docs/design.md §4): a MARS block proposer with three ways to commit ---------
 
-
-# Our operating point from the block-size sweep on the bundled models (docs/results.md): τ is
-# already 5.5 at B = 8 and barely grows beyond (6.1 at 16-32), while every placeholder position
-# costs compute in the proposer's forward on a CPU, so B = 8 is fastest (prove-lossless 1.58×
-# vs 1.47× at 16 and 1.13× at 32). The ProVe paper uses 16 on GPUs, where a wider forward is
-# nearly free. The bundled proposer is trained with 32 so the whole sweep stays in range.
-DEFAULT_BLOCK_SIZE = 8
+# vLLM-only: how the block proposer reaches vLLM (.integrations.vllm.proposers): vLLM's parallel
+# drafting, our proposer class with its own context cache, or inside the verifier's own forward
+SEAMS = ("parallel", "own-cache", "fused")
 
 
-def _block_size(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[LoadedModel, int]:
-    """The block model and the block size; ``block_size`` None = 8, capped at the trained size."""
+def _seam(default: str) -> Param:
+    return Param("seam", str, default, "vLLM block proposer seam", choices=SEAMS)
+
+
+def block_size_of(p: Mapping[str, Any], trained: int | None = None) -> int:
+    """The block size: ``block_size``, else :data:`DEFAULT_BLOCK_SIZE` (capped at ``trained``)."""
+    if p["block_size"] is not None:
+        return p["block_size"]
+    return DEFAULT_BLOCK_SIZE if trained is None else min(DEFAULT_BLOCK_SIZE, trained)
+
+
+def _block_size(models: ModelSet, method: str, p: Params) -> tuple[LoadedModel, int]:
+    """The block model and the block size (:func:`block_size_of` at its trained size)."""
     block = models.require("block", method)
-    trained = trained_block_size(block.model)
-    return block, p["block_size"] if p["block_size"] is not None else min(DEFAULT_BLOCK_SIZE, trained)
+    return block, block_size_of(p, trained_block_size(block.model))
 
 
-def _block_proposer(models: ModelSet, method: str, p: dict[str, Any]) -> tuple[LoadedModel, BlockProposer]:
+def _block_proposer(models: ModelSet, method: str, p: Params) -> tuple[LoadedModel, BlockProposer]:
     """The block model and its proposer (:func:`_block_size`)."""
     block, size = _block_size(models, method, p)
     return block, BlockProposer.from_pretrained(block.model, block.tokenizer, size)
 
 
-def _check_block_size(p: dict[str, Any]) -> None:
-    if p["block_size"] is not None:
-        _check_k(p, "block_size", "tokens per block proposal, at most the trained size; default 8")
-
-
-def _validate_mars(p: dict[str, Any]) -> None:
-    _check_block_size(p)
-    ConfidenceSkip(p["tau"], commit_first=True)
-
-
-def _build_mars(models: ModelSet, p: dict[str, Any]) -> Engine:
+def _build_mars(models: ModelSet, p: Params) -> Engine:
     block, proposer = _block_proposer(models, "mars", p)
     # No verifier: the commit-first scheduler commits >= 1 token every cycle, so the rules are
     # never consulted (the engine only verifies the last token of a length budget).
@@ -304,42 +289,38 @@ def _build_mars(models: ModelSet, p: dict[str, Any]) -> Engine:
         proposer=proposer,
         rule=Exact(),
         greedy_rule=Greedy(),
-        scheduler=ConfidenceSkip(p["tau"], commit_first=True),
+        scheduler=ConfidenceSkip(p.tau, commit_first=True),
         k=proposer.block_size,
     )
 
 
-def _validate_prove(p: dict[str, Any]) -> None:
-    _check_block_size(p)
-    Gate(p["theta"])
+def _validate_mars(p: Params) -> None:
+    ConfidenceSkip(p.tau, commit_first=True)
 
 
-def _build_prove(models: ModelSet, p: dict[str, Any]) -> Engine:
+def _build_prove(models: ModelSet, p: Params) -> Engine:
     block, proposer = _block_proposer(models, "prove", p)
     verifier = models.require("draft", "prove")
     check_compatible(verifier.model, block.model, "block proposer")
     check_same_tokenizer(verifier.tokenizer, block.tokenizer, "block proposer")
-    gate = Gate(p["theta"])
+    gate, _ = RULES["gate"].pair(p)
     return Engine(
         verifier.model, block.tokenizer, proposer=proposer, rule=gate, greedy_rule=gate, k=proposer.block_size
     )
 
 
-def _validate_prove_lossless(p: dict[str, Any]) -> None:
-    _check_block_size(p)
-    if not isinstance(p["fused"], bool):
-        raise RelaxSpecError(f"fused must be true or false, got {p['fused']!r}")
-    check_min_confidence(p["min_confidence"])
-    if p["fused"] and p["block_size"] is not None:
-        check_fused_block_size(p["block_size"])
+def _validate_prove_lossless(p: Params) -> None:
+    check_min_confidence(p.min_confidence)
+    if p.fused and p.block_size is not None:
+        check_fused_block_size(p.block_size)
 
 
-def _build_prove_lossless(models: ModelSet, p: dict[str, Any]) -> Engine:
+def _build_prove_lossless(models: ModelSet, p: Params) -> Engine:
     proposer: BlockProposer | FusedBlockProposer
-    if p["fused"]:  # the block model drafts inside its own verification forward
+    if p.fused:  # the block model drafts inside its own verification forward
         block, size = _block_size(models, "prove-lossless", p)
         mask_id = mask_token_id_of(block.tokenizer, "the block proposer's tokenizer")
-        proposer = FusedBlockProposer(block.model, size, mask_id, p["min_confidence"])
+        proposer = FusedBlockProposer(block.model, size, mask_id, p.min_confidence)
     else:
         block, proposer = _block_proposer(models, "prove-lossless", p)
     return Engine(
@@ -352,12 +333,15 @@ def _build_prove_lossless(models: ModelSet, p: dict[str, Any]) -> Engine:
     )
 
 
+MIN_CONFIDENCE = Param(
+    "min_confidence", float, DEFAULT_MIN_CONFIDENCE, "fused block cut: a number in [0, 1)", optional=True
+)
 register(
     MethodSpec(
         "mars",
         "MARS: block proposer, commit the first token then left to right while confidence ≥ tau; no verifier",
         ("block",),
-        {"block_size": None, "tau": 0.9},
+        declare(BLOCK_SIZE, TAU),
         _build_mars,
         _validate_mars,
     )
@@ -367,9 +351,10 @@ register(
         "prove",
         "ProVe: block proposal read by a small verifier (draft); commit while conf·p_V ≥ theta",
         ("block", "draft"),
-        {"block_size": None, "theta": 0.05},
+        declare(BLOCK_SIZE, *RULES["gate"].params.values()),
         _build_prove,
-        _validate_prove,
+        rule=RULES["gate"],
+        vllm=VllmRow("block", declare(_seam("parallel"))),
     )
 )
 register(
@@ -378,9 +363,18 @@ register(
         "ProVe-lossless: the block proposer verifies itself in AR mode (greedy = AR; sampling exact); "
         "fused: it drafts the next block inside that verification forward",
         ("block",),
-        {"block_size": None, "fused": True, "min_confidence": DEFAULT_MIN_CONFIDENCE},
+        declare(
+            BLOCK_SIZE, Param("fused", bool, True, "draft inside the verification forward"), MIN_CONFIDENCE
+        ),
         _build_prove_lossless,
         _validate_prove_lossless,
+        rule=RULES["sd"],
+        # on vLLM ``fused`` is the seam; min_confidence None there: the drafter's default cut
+        vllm=VllmRow(
+            "block",
+            declare(_seam("fused"), dataclasses.replace(MIN_CONFIDENCE, default=None)),
+            ("fused", "min_confidence"),
+        ),
     )
 )
 
@@ -396,65 +390,61 @@ register(
 # audits skipped rounds with the target (excluded from timing and call counts). γ and S default
 # to the drafter's bundled operating point (``relaxspec train diffusion-sweep``).
 
-ACCEPT_RULES = ("exact", "lenience", "topk", "nucleus")
+# sdd's ``accept`` -> the rule it names (one table, for our engine and vLLM)
+SDD_ACCEPT = {"exact": "sd", "lenience": "lenience", "topk": "topk", "nucleus": "nsd"}
+ACCEPT_RULES = tuple(SDD_ACCEPT)
 SIGNALS = ("raw", "marginal", "conditional")
 
-BASE_PARAMS: dict[str, Any] = {
-    "gamma": None,  # None: the drafter's operating point
-    "steps": None,
-    "reveal": "auto",
-    "accept": "exact",
-    "ell": 0.5,
-    "accept_k": 2,
-    "theta": 0.95,
-    "shadow": False,
-}
-SKIP_PARAMS: dict[str, Any] = {
-    "signal": "raw",
-    "tau": 0.9,
-    "signal_tau": None,
-    "k_min": 6,
-    "s_max": 64,
-}
-PERIODIC_PARAMS: dict[str, Any] = {"period": 4, "skip_k": 6}
+BASE_PARAMS = declare(
+    Param(
+        "gamma",
+        int,
+        None,
+        "diffusion block length γ (None: the drafter's)",
+        lo=1,
+        hi=MAX_DRAFT_TOKENS,
+        optional=True,
+    ),
+    Param(
+        "steps",
+        int,
+        None,
+        "denoising steps S, at most gamma (None: the drafter's)",
+        lo=1,
+        hi=MAX_DRAFT_TOKENS,
+        optional=True,
+    ),
+    Param("reveal", str, "auto", "reveal order of the denoising steps", choices=REVEAL_ORDERS),
+    Param("accept", str, "exact", "sdd's acceptance rule", choices=ACCEPT_RULES),
+    *RULES["lenience"].params.values(),
+    ACCEPT_K,
+    theta_with_default(0.95),
+    Param("shadow", bool, False, "audit skipped rounds with the target (untimed)"),
+)
+SKIP_PARAMS = declare(
+    Param("signal", str, "raw", "prefix-gate signal", choices=SIGNALS),
+    TAU,
+    Param("signal_tau", float, None, "the signal's threshold (None: tau)", lo=0, hi=1, optional=True),
+    Param("k_min", int, 6, "fewest tokens a skip commits", lo=0, hi=MAX_DRAFT_TOKENS),
+    Param("s_max", int, 64, "longest unverified run", lo=0, hi=MAX_COUNT),
+)
+PERIODIC_PARAMS = declare(
+    Param("period", int, 4, "rounds between skips", lo=1, hi=MAX_COUNT),
+    Param("skip_k", int, 6, "tokens a periodic skip commits", lo=1, hi=MAX_DRAFT_TOKENS),
+)
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def sdd_rules(p: dict[str, Any]) -> tuple[Rule, Rule]:
+def sdd_rules(p: Mapping[str, Any]) -> tuple[Rule, Rule]:
     """(sampling rule, greedy rule) for ``accept``; constructing them validates ℓ, k, θ."""
-    accept = p["accept"]
-    if accept == "exact":
-        return Exact(), Greedy()
-    if accept == "lenience":
-        return Lenience(p["ell"]), Lenience(p["ell"], greedy=True)
-    if accept == "topk":
-        return TopK(p["accept_k"]), TopK(p["accept_k"], greedy=True)
-    if accept == "nucleus":
-        return Nucleus(p["theta"]), Nucleus(p["theta"], greedy=True)
-    raise RelaxSpecError(f"accept must be one of {', '.join(ACCEPT_RULES)}, got {accept!r}")
+    accept = check_choice("accept", p["accept"], ACCEPT_RULES)
+    return RULES[SDD_ACCEPT[accept]].pair(p)
 
 
-def _validate_base(p: dict[str, Any]) -> None:
-    gamma, steps = p["gamma"], p["steps"]
-    if gamma is not None:
-        _check_k(p, "gamma", "diffusion block length")
-    if steps is not None:
-        _check_k(p, "steps", "denoising steps, at most gamma", gamma or MAX_DRAFT_TOKENS)
-    if gamma is not None and steps is not None:
-        check_draft_work(gamma, steps)
-    if p["accept"] == "topk":
-        _check_count(p, "accept_k")
-    if p["reveal"] not in REVEAL_ORDERS:
-        raise RelaxSpecError(f"reveal must be one of {', '.join(REVEAL_ORDERS)}, got {p['reveal']!r}")
-    if not isinstance(p["shadow"], bool):
-        raise RelaxSpecError(f"shadow must be true or false, got {p['shadow']!r}")
+def _validate_base(p: Params) -> None:
+    if p.steps is not None:
+        check_int("steps", p.steps, 1, p.gamma or MAX_DRAFT_TOKENS, "denoising steps, at most gamma")
+    if p.gamma is not None and p.steps is not None:
+        check_draft_work(p.gamma, p.steps)
     sdd_rules(p)
 
 
@@ -467,36 +457,22 @@ def check_draft_work(gamma: int, steps: int) -> None:
         )
 
 
-def _check_k_min(k_min: Any, gamma: int | None) -> None:
-    if gamma is not None and _is_int(k_min) and k_min > gamma:
+def _check_k_min(k_min: int, gamma: int | None) -> None:
+    if gamma is not None and k_min > gamma:
         raise RelaxSpecError(f"k_min ({k_min}) cannot exceed gamma ({gamma}): no skip could ever qualify")
 
 
-def _validate_skip(p: dict[str, Any]) -> None:
+def _validate_skip(p: Params) -> None:
     _validate_base(p)
-    if p["signal"] not in SIGNALS:
-        raise RelaxSpecError(f"signal must be one of {', '.join(SIGNALS)}, got {p['signal']!r}")
-    _check_k_min(p["k_min"], p["gamma"])
-    if not _is_int(p["k_min"]) or not 0 <= p["k_min"] <= MAX_DRAFT_TOKENS:
-        raise RelaxSpecError(f"k_min must be an integer in [0, {MAX_DRAFT_TOKENS}], got {_show(p['k_min'])}")
-    if not _is_int(p["s_max"]) or not 0 <= p["s_max"] <= MAX_COUNT:
-        raise RelaxSpecError(f"s_max must be an integer in [0, {MAX_COUNT}], got {_show(p['s_max'])}")
-    for name in ("tau", "signal_tau"):
-        value = p[name]
-        if value is None and name == "signal_tau":
-            continue
-        if not (_is_real(value) and 0 <= value <= 1):
-            raise RelaxSpecError(f"{name} must be a number in [0, 1], got {_show(value)}")
-    ConfidenceSkip(p["tau"], k_min=p["k_min"], s_max=p["s_max"], signal_tau=p["signal_tau"])
+    _check_k_min(p.k_min, p.gamma)
+    ConfidenceSkip(p.tau, k_min=p.k_min, s_max=p.s_max, signal_tau=p.signal_tau)
 
 
-def _validate_periodic(p: dict[str, Any]) -> None:
+def _validate_periodic(p: Params) -> None:
     _validate_base(p)
-    if p["gamma"] is not None and _is_int(p["skip_k"]) and p["skip_k"] > p["gamma"]:
-        raise RelaxSpecError(f"skip_k ({p['skip_k']}) cannot exceed gamma ({p['gamma']})")
-    _check_count(p, "period")
-    _check_count(p, "skip_k", MAX_DRAFT_TOKENS)
-    Periodic(p["period"], p["skip_k"])
+    if p.gamma is not None and p.skip_k > p.gamma:
+        raise RelaxSpecError(f"skip_k ({p.skip_k}) cannot exceed gamma ({p.gamma})")
+    Periodic(p.period, p.skip_k)
 
 
 def make_signal(name: str, survival: SurvivalPredictor | None, method: str = "sdd-skip") -> Signal:
@@ -511,12 +487,12 @@ def make_signal(name: str, survival: SurvivalPredictor | None, method: str = "sd
     return MarginalSurvival(survival) if name == "marginal" else ConditionalSurvival(survival)
 
 
-def build_sdd(models: ModelSet, p: dict[str, Any], scheduler: Scheduler, method: str = "sdd") -> Engine:
+def build_sdd(models: ModelSet, p: Params, scheduler: Scheduler, method: str = "sdd") -> Engine:
     """An SDD engine: diffusion proposer, target verifier, ``accept`` rules, ``scheduler``."""
     target, diffusion = models.require("target", method), models.require("diffusion", method)
     check_compatible(target.model, diffusion.model, "diffusion drafter")
     check_same_tokenizer(target.tokenizer, diffusion.tokenizer, "diffusion drafter")
-    proposer = DiffusionProposer(diffusion.model, p["gamma"], p["steps"], p["reveal"])
+    proposer = DiffusionProposer(diffusion.model, p.gamma, p.steps, p.reveal)
     check_draft_work(proposer.gamma, proposer.steps)  # also for the drafter's default operating point
     rule, greedy_rule = sdd_rules(p)
     return Engine(
@@ -527,18 +503,16 @@ def build_sdd(models: ModelSet, p: dict[str, Any], scheduler: Scheduler, method:
         greedy_rule=greedy_rule,
         scheduler=scheduler,
         k=proposer.gamma,
-        shadow=target.model if p["shadow"] else None,
+        shadow=target.model if p.shadow else None,
     )
 
 
-def _build_skip(models: ModelSet, p: dict[str, Any]) -> Engine:
-    signal = make_signal(p["signal"], models.survival)
-    scheduler = ConfidenceSkip(
-        p["tau"], k_min=p["k_min"], s_max=p["s_max"], signal=signal, signal_tau=p["signal_tau"]
-    )
+def _build_skip(models: ModelSet, p: Params) -> Engine:
+    signal = make_signal(p.signal, models.survival)
+    scheduler = ConfidenceSkip(p.tau, k_min=p.k_min, s_max=p.s_max, signal=signal, signal_tau=p.signal_tau)
     engine = build_sdd(models, p, scheduler, "sdd-skip")
-    _check_k_min(p["k_min"], engine.proposer.gamma)
-    if p["signal"] != "raw":
+    _check_k_min(p.k_min, engine.proposer.gamma)
+    if p.signal != "raw":
         hidden = engine.proposer.lm.model.config.hidden_size
         if models.survival.config.hidden_size != hidden:
             raise RelaxSpecError(
@@ -548,10 +522,10 @@ def _build_skip(models: ModelSet, p: dict[str, Any]) -> Engine:
     return engine
 
 
-def _build_periodic(models: ModelSet, p: dict[str, Any]) -> Engine:
-    engine = build_sdd(models, p, Periodic(p["period"], p["skip_k"]), "sdd-periodic")
-    if p["skip_k"] > engine.proposer.gamma:
-        raise RelaxSpecError(f"skip_k ({p['skip_k']}) cannot exceed gamma ({engine.proposer.gamma})")
+def _build_periodic(models: ModelSet, p: Params) -> Engine:
+    engine = build_sdd(models, p, Periodic(p.period, p.skip_k), "sdd-periodic")
+    if p.skip_k > engine.proposer.gamma:
+        raise RelaxSpecError(f"skip_k ({p.skip_k}) cannot exceed gamma ({engine.proposer.gamma})")
     return engine
 
 
@@ -560,9 +534,10 @@ register(
         "sdd",
         "Strict speculative diffusion decoding: diffusion-drafted blocks, every block verified",
         ("target", "diffusion"),
-        dict(BASE_PARAMS),
+        BASE_PARAMS,
         lambda models, p: build_sdd(models, p, Strict()),
         _validate_base,
+        vllm=VllmRow("diffusion", drops=("shadow",)),  # verified every block: vLLM can run it
     )
 )
 register(
@@ -570,7 +545,7 @@ register(
         "sdd-skip",
         "SDD with confidence-guided verifier skipping (signal raw | marginal | conditional)",
         ("target", "diffusion"),
-        {**BASE_PARAMS, **SKIP_PARAMS},
+        declare(*BASE_PARAMS.values(), *SKIP_PARAMS.values()),
         _build_skip,
         _validate_skip,
         optional=("survival",),
@@ -581,11 +556,16 @@ register(
         "sdd-periodic",
         "SDD that commits skip_k draft tokens unverified every period rounds (baseline)",
         ("target", "diffusion"),
-        {**BASE_PARAMS, **PERIODIC_PARAMS},
+        declare(*BASE_PARAMS.values(), *PERIODIC_PARAMS.values()),
         _build_periodic,
         _validate_periodic,
     )
 )
+
+
+def params_named(name: str) -> list[tuple[str, Param]]:
+    """Every (method, its :class:`Param`) of that name, in registry order (the CLI's flag help)."""
+    return [(m, spec.params[name]) for m, spec in METHODS.items() if name in spec.params]
 
 
 def method_names() -> list[str]:
@@ -598,20 +578,9 @@ def get_method(method: str) -> MethodSpec:
     return METHODS[method]
 
 
-def resolve_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Defaults of ``method`` overridden by ``params``, validated; unknown names are an error."""
-    spec = get_method(method)
-    unknown = [name for name in params if name not in spec.params]
-    if unknown:
-        allowed = ", ".join(spec.params) or "none"
-        names = ", ".join(_show(name) if not str(name).isidentifier() else name for name in unknown[:3])
-        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        raise RelaxSpecError(f"method {method!r} has no parameter {names}{more} (parameters: {allowed})")
-    for name, value in params.items():
-        _check_scalar(method, name, value)
-    resolved = {**spec.params, **params}
-    spec.validate(resolved)
-    return resolved
+def resolve_params(method: str, params: Mapping[str, Any]) -> Params:
+    """Defaults of ``method`` overridden by ``params``, validated once; unknown names are an error."""
+    return get_method(method).resolve(params)
 
 
 def build_engine(

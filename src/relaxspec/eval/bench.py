@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.packed import kernels_of
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.eval import diagnostics
 from relaxspec.eval.datasets import Example, load_examples
 from relaxspec.eval.peers import (
@@ -188,7 +188,7 @@ def expand_grid(
             raise RelaxSpecError(f"--set {name}=...: no method in the grid has a parameter {name!r}")
     params = {r: _grid_params(r, sets, engine) for r in runners}
     if "hf-assisted" in params and "k" not in {**sets.get(None, {}), **sets.get("hf-assisted", {})}:
-        ks = sorted({p["k"] for p in params.get("sd", [])}) or [get_method("sd").params["k"]]
+        ks = sorted({p["k"] for p in params.get("sd", [])}) or [get_method("sd").defaults["k"]]
         confidence = {**sets.get(None, {}), **sets.get("hf-assisted", {})}.get("confidence", [0.0])
         params["hf-assisted"] = [
             resolve_runner("hf-assisted", {"k": k, "confidence": c}) for k in ks for c in confidence
@@ -203,8 +203,7 @@ def _check_config(config: BenchConfig) -> None:
         raise RelaxSpecError("no methods given")
     if not config.datasets:
         raise RelaxSpecError("no dataset given")
-    if isinstance(config.limit, bool) or not isinstance(config.limit, int) or config.limit < 1:
-        raise RelaxSpecError(f"--limit must be an integer >= 1, got {config.limit!r}")
+    check_int("--limit", config.limit, 1)
     if not config.seeds or not all(
         isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in config.seeds
     ):

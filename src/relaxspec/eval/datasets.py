@@ -55,7 +55,7 @@ from relaxspec.data.mathgen import (
     heldout_phrasing_problems,
 )
 from relaxspec.data.mathvariants import heldout_phrasing_variant_problems, heldout_seed_variant_problems
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int
 
 MATH_STOP = ("\nQuestion:",)
 # The stop sequences of the Codex paper's HumanEval evaluation: a completion ends where top-level
@@ -323,8 +323,7 @@ def humaneval_examples(limit: int) -> list[Example]:
 
 def load_examples(dataset: str, limit: int) -> list[Example]:
     """One of :data:`DATASETS` or a path to a ``.jsonl`` prompt file."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise RelaxSpecError(f"limit must be an integer >= 1, got {limit!r}")
+    check_int("limit", limit, 1)
     if dataset == "math":
         examples = math_examples(limit)
     elif dataset == "code":

@@ -20,11 +20,12 @@ import torch
 from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
 from relaxspec.core.sampling import SamplingParams
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int, check_real
 from relaxspec.eval.datasets import Example, truncate
 from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, get_method, resolve_params
 from relaxspec.models import LoadedModel
+from relaxspec.params import DEFAULT_K
 
 Runner = Callable[[Example, int, int | None], dict[str, Any]]  # (example, seed, max_new_tokens) -> record
 
@@ -59,7 +60,7 @@ PEERS: dict[str, PeerSpec] = {
             "hf-assisted",
             "Hugging Face assisted generation (assistant_model=draft, k tokens per round)",
             ("target", "draft"),
-            {"k": 8, "confidence": 0.0},
+            {"k": DEFAULT_K, "confidence": 0.0},
             _assisted_kwargs,
         ),
         PeerSpec(
@@ -92,8 +93,8 @@ def runner_optional(name: str) -> tuple[str, ...]:
 def runner_params(name: str) -> dict[str, Any]:
     """Parameter names and defaults of a method preset or a peer (unknown name: clear error)."""
     if vllm_runners.is_peer(name):
-        return vllm_runners.PEERS[name]
-    return PEERS[name].params if is_peer(name) else get_method(name).params
+        return vllm_runners.row_defaults(name)
+    return PEERS[name].params if is_peer(name) else get_method(name).defaults
 
 
 def resolve_runner(name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -108,11 +109,9 @@ def resolve_runner(name: str, params: dict[str, Any]) -> dict[str, Any]:
         allowed = ", ".join(spec.params) or "none"
         raise RelaxSpecError(f"peer {name!r} has no parameter {', '.join(unknown)} (parameters: {allowed})")
     resolved = {**spec.params, **params}
-    k = resolved.get("k", 1)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise RelaxSpecError(f"k of {name!r} must be an integer >= 1, got {k!r}")
+    check_int(f"k of {name!r}", resolved.get("k", 1), 1)
     c = resolved.get("confidence", 0.0)
-    if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c < 1:
+    if check_real(f"confidence of {name!r}", c, 0, 1) == 1:
         raise RelaxSpecError(f"confidence of {name!r} must be a number in [0, 1), got {c!r}")
     return resolved
 

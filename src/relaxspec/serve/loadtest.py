@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from relaxspec.engine.stats import tau
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.serve import API_KEY_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -353,8 +353,7 @@ def validate(config: LoadtestConfig) -> None:
         raise RelaxSpecError(f"concurrency levels must be integers >= 1, got {config.concurrency}")
     for name in ("requests", "max_tokens"):
         value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise RelaxSpecError(f"{name} must be an integer >= 1, got {value!r}")
+        check_int(name, value, 1)
     if config.warmup < 0:
         raise RelaxSpecError(f"warmup must be >= 0, got {config.warmup}")
     if config.repeats < 1:

@@ -24,7 +24,7 @@ from relaxspec.core.sampling import SamplingParams, processed_probs, sample
 from relaxspec.engine.kv import make_lm
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.engine.proposers.rows import DraftRows, RowRequest, drafter_logits
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int
 
 # Config attributes a block proposer carries (written by relaxspec.train.block at training).
 BLOCK_SIZE_ATTR = "mars_block_size"
@@ -55,8 +55,7 @@ def trained_block_size(model: PreTrainedModel, where: str = "the block model") -
 
 def check_block_size(block_size: object, trained: int) -> int:
     """``block_size`` must be an integer in ``[1, trained]``."""
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise RelaxSpecError(f"block_size must be an integer >= 1, got {block_size!r}")
+    check_int("block_size", block_size, 1)
     if block_size > trained:
         raise RelaxSpecError(
             f"block_size {block_size} is larger than the block size the proposer was trained with "

@@ -49,7 +49,7 @@ from relaxspec.core.sampling import SamplingParams, processed_probs, sample
 from relaxspec.engine.kv import CachedLM
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.engine.proposers.rows import DraftRows, RowRequest, drafter_hidden, drafter_logits
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.models import LoadedModel, load_model
 
 REVEAL_ORDERS = ("auto", "confidence", "left_to_right")
@@ -302,8 +302,7 @@ class DiffusionSettings:
             gamma = getattr(cfg, CFG_GAMMA, None) or getattr(cfg, CFG_BLOCK, None)
         if steps is None:
             steps = getattr(cfg, CFG_STEPS, None) or (max(1, gamma // 4) if isinstance(gamma, int) else None)
-        if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
-            raise RelaxSpecError(f"gamma (diffusion block length) must be an integer >= 1, got {gamma!r}")
+        check_int("gamma", gamma, 1, what="diffusion block length")
         if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= gamma:
             raise RelaxSpecError(
                 f"steps (denoising steps) must be an integer in [1, gamma={gamma}], got {steps!r}"

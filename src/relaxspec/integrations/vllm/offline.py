@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.core.sampling import check_temperature, check_top_p
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations import vllm as plugin
-from relaxspec.integrations.vllm.rules import PARAM_KEYS, RULE_NAMES, RuleChoice, canonical, choice_from_args
+from relaxspec.integrations.vllm.rules import PARAM_KEYS, RULE_NAMES, RuleChoice, canonical, default_env
 from relaxspec.models import model_dir
+from relaxspec.params import DEFAULT_K
 
 DEFAULT_KV_CACHE_GIB = 1
 _ids = itertools.count()
@@ -88,8 +89,6 @@ def _set_env(values: dict[str, str | None]) -> None:
 
 def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = None) -> dict[str, str | None]:
     """Environment for vLLM's processes: plugin in or out, in-process or not, default rule."""
-    from relaxspec.integrations.vllm.rules import ENV_RULE
-
     env: dict[str, str | None] = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0",
         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_KV_CACHE_GIB)),
@@ -103,7 +102,7 @@ def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = Non
         if allowed is not None and plugin.PLUGIN_NAME not in allowed.split(","):
             env["VLLM_PLUGINS"] = ",".join([*allowed.split(","), plugin.PLUGIN_NAME])
         if rule is not None:
-            env[ENV_RULE] = rule.to_json()
+            env.update(default_env(rule))
     return env
 
 
@@ -144,7 +143,7 @@ class VLLMEngine:
         *,
         target: str | Path | None = None,
         draft: str | Path | None = None,
-        k: int = 4,
+        k: int = DEFAULT_K,
         proposer: str = "draft",
         gamma: int | None = None,
         steps: int | None = None,
@@ -175,16 +174,9 @@ class VLLMEngine:
         self.rule = None if self.method == "ar" else RuleChoice(self.method, params)
         if stock and self.method not in ("ar", "sd"):
             raise RelaxSpecError(f"stock vLLM has no {self.method!r} rule (only ar and sd)")
-        if self.method != "ar" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise RelaxSpecError(f"k (draft length) must be an integer >= 1, got {k!r}")
-        if (
-            isinstance(tensor_parallel_size, bool)
-            or not isinstance(tensor_parallel_size, int)
-            or tensor_parallel_size < 1
-        ):
-            raise RelaxSpecError(
-                f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}"
-            )
+        if self.method != "ar":
+            check_int("k", k, 1, what="draft length")
+        check_int("tensor_parallel_size", tensor_parallel_size, 1)
         if proposer not in PROPOSER_ROLES:
             raise RelaxSpecError(f"proposer must be one of {', '.join(PROPOSER_ROLES)}, got {proposer!r}")
         if stock and proposer in CUSTOM_PROPOSERS:
@@ -282,12 +274,10 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         temperature, top_p = check_temperature(temperature), check_top_p(top_p)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise RelaxSpecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        check_int("max_new_tokens", max_new_tokens, 1)
         extra = None
         if not self.stock and self.method != "ar":
-            choice = self._choice(rule)
-            extra = {"rule": choice.name, **choice.params}
+            extra = self._choice(rule).to_extra_args()
         elif rule is not None:
             raise RelaxSpecError("a rule needs the plugin and a draft model (not 'ar' or stock vLLM)")
         return SamplingParams(
@@ -310,7 +300,7 @@ class VLLMEngine:
             return rule
         if isinstance(rule, str):
             return RuleChoice(rule)
-        return choice_from_args(rule, self.rule)
+        return RuleChoice.from_extra_args(rule, self.rule)
 
     def proposer_state(self) -> dict[str, Any] | None:
         """The (first) worker's custom-proposer state (live request states), or None."""

@@ -47,7 +47,7 @@ was drawn from; reveal order as in our engine: confidence when greedy, left to r
 sampling) to the acceptance step. vLLM gives a custom proposer no request ids and collects no
 draft probabilities from it, so the plugin binds the model runner to it before each ``propose``
 and moves :meth:`DiffusionDrafter.take_last_draft_probs` into the runner's draft-prob slot
-afterwards (``relaxspec.integrations.vllm._install``). It also hands over the step's draft length
+afterwards (:func:`.hooks.propose_draft_token_ids`). It also hands over the step's draft length
 from vLLM's batch-size schedule (``num_speculative_tokens_per_batch_size``, which vLLM passes only
 to its own proposers): our custom proposers draft at most that many tokens per row
 (:func:`add_k_schedule`; parallel drafting does not follow a schedule and refuses one).

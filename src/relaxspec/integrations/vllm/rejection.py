@@ -50,7 +50,7 @@ from torch import Tensor
 
 from relaxspec.core.acceptance import Gate, verify_unchecked
 from relaxspec.engine.proposers.block import draw_next_block
-from relaxspec.integrations.vllm.rules import RuleChoice, choice_from_args, default_choice
+from relaxspec.integrations.vllm.rules import RuleChoice, default_choice
 
 PLACEHOLDER = -1
 log = logging.getLogger("relaxspec.vllm")
@@ -376,7 +376,7 @@ def choices_for_runner(runner: Any) -> list[RuleChoice]:
         hit = cache.get(req_id)
         if hit is None or hit[0] != id(extra):
             try:
-                choice = choice_from_args(extra, default)
+                choice = RuleChoice.from_extra_args(extra, default)
             except Exception:  # validated in the front end; never fail a step here
                 choice = default
             if len(cache) > 4096:

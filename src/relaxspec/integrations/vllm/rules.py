@@ -27,8 +27,9 @@ Vocabulary (method names as in :mod:`relaxspec.methods`; rule names are aliases)
 ``gate``       ``prove``       ``Gate(θ)`` at every temperature           ``theta`` (0.05)
 =============  ==============  =========================================  =====================
 
-The defaults of ``topk-delta``, ``threshold`` and ``fly`` are those of the method presets of the
-same names (:mod:`relaxspec.methods`). ``gate`` is ProVe's product gate ``q(d_i)·p(d_i) ≥ θ``
+Names, parameters and defaults are those of :data:`relaxspec.core.named_rules.RULES` (the table
+above is a summary), the same the method presets of :mod:`relaxspec.methods` verify with.
+``gate`` is ProVe's product gate ``q(d_i)·p(d_i) ≥ θ``
 (first draft always accepted, no corrected token): it needs the proposer's real ``q`` — the block
 drafter hands it over at every temperature (:mod:`.proposers`); with a proposer that gives none,
 ``q`` is one-hot and the gate reads ``p(d_i) ≥ θ``.
@@ -43,100 +44,39 @@ otherwise read ``true`` as the number 1). In-process callers (``SamplingParams.e
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from relaxspec.core.acceptance import Exact, Gate, Greedy, Lenience, Rule, TopK, Typical, nsd_rule
-from relaxspec.core.peer_rules import FLy, Threshold, TopKDelta
+from relaxspec.core.acceptance import Rule
+from relaxspec.core.named_rules import RULES
 from relaxspec.errors import RelaxSpecError
-from relaxspec.methods import get_method
+from relaxspec.params import Param
 
 ENV_RULE = "RELAXSPEC_VLLM_RULE"
 RULE_KEY = "rule"
-
-
-def _preset_defaults(method: str) -> dict[str, Any]:
-    """The rule parameters of a method preset with their defaults (its ``k`` is the server's)."""
-    return {name: value for name, value in get_method(method).params.items() if name != "k"}
-
-
-# name -> (parameter defaults, factory(params, greedy) -> rule)
-_RULES: dict[str, tuple[dict[str, Any], Any]] = {
-    "sd": ({}, lambda p, g: Greedy() if g else Exact()),
-    "nsd": ({"theta": None}, lambda p, g: nsd_rule(p["theta"], g)),  # None: NSD_DEFAULT_THETA
-    "topk": ({"accept_k": 2}, lambda p, g: TopK(p["accept_k"], greedy=g)),
-    "typical": (
-        {"epsilon": 0.09, "delta": 0.3},
-        lambda p, g: Typical(p["epsilon"], p["delta"], greedy=g),
-    ),
-    "lenience": ({"ell": 0.5}, lambda p, g: Lenience(p["ell"], greedy=g)),
-    "greedy": ({}, lambda p, g: Greedy()),
-    "gate": ({"theta": 0.05}, lambda p, g: Gate(p["theta"])),
-    "topk-delta": (
-        _preset_defaults("topk-delta"),
-        lambda p, g: TopKDelta(p["top_n"], p["delta"], greedy=g),
-    ),
-    "threshold": (_preset_defaults("threshold"), lambda p, g: Threshold(p["single"], p["acc"], greedy=g)),
-    "fly": (
-        _preset_defaults("fly"),
-        lambda p, g: FLy(p["window"], p["entropy_threshold"], p["entropy_top_k"], greedy=g),
-    ),
-}
-ALIASES = {
-    "exact": "sd",
-    "nucleus": "nsd",
-    "top_k": "topk",
-    "top-k": "topk",
-    "prove": "gate",
-    "topk_delta": "topk-delta",
-}
-RULE_NAMES = tuple(_RULES)
-# Parameter -> the rule it implies when a request gives the parameter without a rule the
-# parameter belongs to (``{"theta": 0.8}`` on an ``sd`` server means nucleus at θ = 0.8; ``delta``
-# alone stays typical's).
-_IMPLIED = {
-    "theta": "nsd",
-    "accept_k": "topk",
-    "epsilon": "typical",
-    "delta": "typical",
-    "ell": "lenience",
-    "top_n": "topk-delta",
-    "single": "threshold",
-    "acc": "threshold",
-    "window": "fly",
-    "entropy_threshold": "fly",
-    "entropy_top_k": "fly",
-}
-PARAM_KEYS = tuple(_IMPLIED)
-# Integer parameters: a JSON 3.0 is read as 3, 3.5 is refused.
-INT_PARAMS = ("accept_k", "top_n", "window", "entropy_top_k")
+RULE_NAMES = tuple(RULES)
+ALIASES = {alias: spec.name for spec in RULES.values() for alias in spec.aliases}
 # Rules a request may not name in vllm_xargs unless the server's own rule is that rule.
 SERVER_ONLY = ("gate",)
 
 
-def _number(name: str, value: Any) -> Any:
-    """vllm_xargs values arrive as JSON numbers or strings; accept numeric strings."""
-    if isinstance(value, str):
-        try:
-            value = (
-                float(value)
-                if any(c in value for c in ".eE") or value.lower() in ("nan", "inf")
-                else int(value)
-            )
-        except ValueError:
-            raise RelaxSpecError(f"{name} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RelaxSpecError(f"{name} must be a number, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RelaxSpecError(f"{name} must be a finite number, got {value!r}")
-    if name in INT_PARAMS and isinstance(value, float):
-        if not value.is_integer():
-            raise RelaxSpecError(f"{name} must be an integer >= 1, got {value!r}")
-        value = int(value)
-    return value
+def _implied() -> dict[str, str]:
+    """Parameter -> the rule it implies when a request gives it without a rule that takes it: the
+    first rule in :data:`RULES` order that declares it (``{"theta": 0.8}`` on an ``sd`` server means
+    nucleus at θ = 0.8; ``delta`` alone stays typical's)."""
+    implied: dict[str, str] = {}
+    for spec in RULES.values():
+        if spec.name not in SERVER_ONLY:
+            for name in spec.params:
+                implied.setdefault(name, spec.name)
+    return implied
+
+
+_IMPLIED = _implied()
+PARAM_KEYS = tuple(_IMPLIED)
+PARAMS: dict[str, Param] = {name: RULES[rule].params[name] for name, rule in _IMPLIED.items()}
 
 
 def canonical(name: Any) -> str:
@@ -144,7 +84,7 @@ def canonical(name: Any) -> str:
     if not isinstance(name, str):
         raise RelaxSpecError(f"rule must be a string, one of {', '.join(RULE_NAMES)}; got {name!r}")
     key = ALIASES.get(name.lower(), name.lower())
-    if key not in _RULES:
+    if key not in RULES:
         raise RelaxSpecError(
             f"unknown rule {name!r} for vLLM: choose one of {', '.join(RULE_NAMES)} "
             f"(aliases: {', '.join(ALIASES)})"
@@ -154,29 +94,34 @@ def canonical(name: Any) -> str:
 
 @dataclass(frozen=True)
 class RuleChoice:
-    """A named rule with its parameters, and the rule objects it builds (validated on creation)."""
+    """A named rule with its parameters, and the rule objects it builds (validated on creation).
+
+    It travels to vLLM as ``extra_args`` (:meth:`to_extra_args`) and back (:meth:`from_extra_args`);
+    the process default travels the same way, as JSON in ``RELAXSPEC_VLLM_RULE``.
+    """
 
     name: str = "sd"
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         name = canonical(self.name)
-        defaults, factory = _RULES[name]
-        unknown = set(self.params) - set(defaults)
+        spec = RULES[name]
+        unknown = set(self.params) - set(spec.params)
         if unknown:
             raise RelaxSpecError(
-                f"rule {name!r} takes {', '.join(defaults) or 'no parameters'}; "
+                f"rule {name!r} takes {', '.join(spec.params) or 'no parameters'}; "
                 f"got {', '.join(sorted(unknown))}"
             )
         # a None value means the rule's default (NSD's default θ is per regime: None until built)
-        params = {**defaults, **{k: _number(k, v) for k, v in self.params.items() if v is not None}}
+        given = {k: spec.params[k].coerce(v) for k, v in self.params.items() if v is not None}
+        params = {**{k: p.default for k, p in spec.params.items()}, **given}
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "params", params)
         try:
-            sampling, greedy = factory(params, False), factory(params, True)
+            sampling, greedy = spec.pair(params)
         except RelaxSpecError as err:
-            given = ", ".join(f"{k}={v!r}" for k, v in params.items())
-            raise RelaxSpecError(f"rule {name!r} ({given}): {err}") from None
+            shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            raise RelaxSpecError(f"rule {name!r} ({shown}): {err}") from None
         object.__setattr__(self, "_sampling", sampling)
         object.__setattr__(self, "_greedy", greedy)
 
@@ -188,39 +133,42 @@ class RuleChoice:
     def key(self) -> tuple[Any, ...]:
         return (self.name, *sorted(self.params.items()))
 
-    def to_json(self) -> str:
-        return json.dumps({RULE_KEY: self.name, **self.params})
-
     def label(self) -> str:
         inner = ",".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.name}({inner})" if inner else self.name
 
+    def to_extra_args(self) -> dict[str, Any]:
+        """``{"rule": name, **params}``: vLLM's ``extra_args``, and (as JSON) ``RELAXSPEC_VLLM_RULE``."""
+        return {RULE_KEY: self.name, **self.params}
 
-def choice_from_args(args: Mapping[str, Any] | None, default: RuleChoice | None = None) -> RuleChoice:
-    """The rule a request asks for in ``extra_args`` (relaxspec's keys only), over ``default``.
+    @classmethod
+    def from_extra_args(cls, args: Mapping[str, Any] | None, default: RuleChoice | None = None) -> RuleChoice:
+        """The rule a request asks for in ``extra_args`` (relaxspec's keys only), over ``default``.
 
-    Keys: ``rule`` and the parameters of :data:`PARAM_KEYS`; other keys belong to others and are
-    ignored. A parameter alone switches to the rule it belongs to unless the default rule takes
-    it. Raises ``RelaxSpecError`` on bad values.
-    """
-    default = default or RuleChoice()
-    args = dict(args or {})
-    params = {k: args[k] for k in PARAM_KEYS if k in args}
-    if RULE_KEY in args:
-        return RuleChoice(canonical(args[RULE_KEY]), params)
-    if not params:
-        return default
-    defaults = _RULES[default.name][0]
-    if set(params) <= set(defaults):
-        return RuleChoice(default.name, {**default.params, **params})
-    implied = {_IMPLIED[k] for k in params}
-    if len(implied) > 1:
-        raise RelaxSpecError(f"parameters {', '.join(sorted(params))} belong to different rules; name one")
-    return RuleChoice(implied.pop(), params)
+        Keys: ``rule`` and the parameters of :data:`PARAM_KEYS`; other keys belong to others and
+        are ignored. A parameter alone switches to the rule it belongs to unless the default rule
+        takes it. Raises ``RelaxSpecError`` on bad values.
+        """
+        default = default or cls()
+        args = dict(args or {})
+        params = {k: args[k] for k in PARAM_KEYS if k in args}
+        if RULE_KEY in args:
+            return cls(canonical(args[RULE_KEY]), params)
+        if not params:
+            return default
+        if set(params) <= set(RULES[default.name].params):
+            return cls(default.name, {**default.params, **params})
+        implied = {_IMPLIED[k] for k in params}
+        if len(implied) > 1:
+            raise RelaxSpecError(
+                f"parameters {', '.join(sorted(params))} belong to different rules; name one"
+            )
+        return cls(implied.pop(), params)
 
 
 def default_choice() -> RuleChoice:
-    """The process-wide default from ``RELAXSPEC_VLLM_RULE`` (JSON); ``sd`` if unset."""
+    """The process-wide default from ``RELAXSPEC_VLLM_RULE`` (JSON); ``sd`` if unset. The one place
+    that reads it (:func:`.rejection.default_rule` keeps the result per process)."""
     text = os.environ.get(ENV_RULE, "").strip()
     if not text:
         return RuleChoice()
@@ -228,15 +176,23 @@ def default_choice() -> RuleChoice:
         data = json.loads(text)
     except json.JSONDecodeError:
         data = {RULE_KEY: text}
-    if not isinstance(data, dict):
-        raise RelaxSpecError(f'{ENV_RULE} must be a JSON object like {{"rule": "nsd", "theta": 0.9}}')
-    return choice_from_args(data)
+    try:
+        if not isinstance(data, dict):
+            raise RelaxSpecError('it must be a JSON object like {"rule": "nsd", "theta": 0.9}')
+        return RuleChoice.from_extra_args(data)
+    except RelaxSpecError as err:
+        raise RelaxSpecError(f"{ENV_RULE}={text!r}: {err}") from None
+
+
+def default_env(choice: RuleChoice | None) -> dict[str, str | None]:
+    """The environment that makes ``choice`` the default of every vLLM process (None: unset)."""
+    return {ENV_RULE: None if choice is None else json.dumps(choice.to_extra_args())}
 
 
 def check_request(args: Mapping[str, Any] | None, default: RuleChoice) -> RuleChoice:
     """The rule an HTTP request's raw ``vllm_xargs`` asks for, held to the documented set.
 
-    Stricter than :func:`choice_from_args` in two ways: a boolean is refused for ``rule`` and
+    Stricter than :meth:`RuleChoice.from_extra_args` in two ways: a boolean is refused for ``rule`` and
     every parameter (JSON ``true`` is not the number 1), and a rule of :data:`SERVER_ONLY`
     (``gate``) is refused unless it is the server's own rule. Raises ``RelaxSpecError``.
     """
@@ -246,7 +202,7 @@ def check_request(args: Mapping[str, Any] | None, default: RuleChoice) -> RuleCh
         if isinstance(value, bool) or (isinstance(value, list) and any(isinstance(v, bool) for v in value)):
             what = "a rule name" if key == RULE_KEY else "a number"
             raise RelaxSpecError(f"{key} must be {what}, got {json.dumps(value)}")
-    choice = choice_from_args(args, default)
+    choice = RuleChoice.from_extra_args(args, default)
     if choice.name in SERVER_ONLY and default.name != choice.name:
         offered = ", ".join(n for n in RULE_NAMES if n not in SERVER_ONLY)
         raise RelaxSpecError(

@@ -24,57 +24,32 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relaxspec.engine.proposers.block import check_min_confidence
-from relaxspec.errors import RelaxSpecError
+from relaxspec.core.named_rules import RULES
+from relaxspec.engine.proposers.block import check_fused_block_size, check_min_confidence
+from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
-from relaxspec.integrations.vllm.rules import PARAM_KEYS, RuleChoice, canonical
-from relaxspec.methods import BASE_PARAMS, get_method
+from relaxspec.integrations.vllm.rules import RuleChoice
+from relaxspec.methods import METHODS, SDD_ACCEPT, block_size_of, get_method
 from relaxspec.models import model_dir
+from relaxspec.params import K, Param, Params, check_names, declare, defaults
+from relaxspec.params import resolve as resolve_params
 
-# Our method presets that run inside vLLM, with their parameters and defaults (methods.py's names).
-METHODS: dict[str, dict[str, Any]] = {
-    "ar": {},
-    "sd": {"k": 4},
-    "nsd": {"k": 4, "theta": None},
-    "topk": {"k": 4, "accept_k": 2},
-    "typical": {"k": 4, "epsilon": 0.09, "delta": 0.3},
-    "lenience": {"k": 4, "ell": 0.5},
-    # the other engines' rules (core/peer_rules.py): parameters as methods.py's presets
-    **{m: {**get_method(m).params, "k": 4} for m in ("topk-delta", "threshold", "fly")},
-    # Our proposers inside vLLM (.proposers); defaults as methods.py's presets.
-    "prove-lossless": {"block_size": 8},
-    "prove": {"block_size": 8, "theta": 0.05},
-    # the engine's SDD parameters (gamma/steps None: the drafter's operating point), not its
-    # verifier-skipping audit
-    "sdd": {name: value for name, value in BASE_PARAMS.items() if name != "shadow"},
-}
-PROPOSER_METHODS = ("prove-lossless", "prove", "sdd")
+# Our methods that run inside vLLM: every preset that declares a vLLM row (methods.py), in order.
+VLLM_METHODS = tuple(name for name, spec in METHODS.items() if spec.vllm is not None)
+PROPOSER_METHODS = tuple(n for n in VLLM_METHODS if METHODS[n].vllm.proposer in ("block", "diffusion"))
 # rules with vLLM's draft-model proposer (or a MARS-drafted one, proposer=block)
-RULE_METHODS = ("sd", "nsd", "topk", "typical", "lenience", "topk-delta", "threshold", "fly")
-SKIPPING_METHODS = ("mars", "sdd-skip", "sdd-periodic")  # verifier skipping stays in our engine
-SDD_ACCEPT = {"exact": ("sd", ()), "lenience": ("lenience", ("ell",)), "topk": ("topk", ("accept_k",)),
-              "nucleus": ("nsd", ("theta",))}  # fmt: skip
+RULE_METHODS = tuple(n for n in VLLM_METHODS if METHODS[n].vllm.proposer == "draft")
+SKIPPING_METHODS = tuple(n for n, spec in METHODS.items() if spec.vllm is None)  # stay in our engine
 AR_MODELS = ("target", "block", "draft")
-# Stock vLLM peers (plugin disabled).
-PEERS: dict[str, dict[str, Any]] = {"vllm-ar": {}, "vllm-sd": {"k": 4}}
-# Optional parameters (not in the defaults, so existing rows keep their identity): the AR model of
-# vllm-ar, and the drafter of the draft-model rules (``proposer=block``: MARS-drafted sd / nsd / ...
-# against the target, block size = k).
-PEER_OPTIONAL: dict[str, dict[str, Any]] = {
-    "vllm-ar": {"model": "target"},
-    # the seam that carries the block proposer: the verifier's own forward (prove-lossless, whose
-    # verifier is the block model: .proposers.FusedBlockDrafter; min_confidence = its block cut),
-    # vLLM's parallel drafting, or our proposer class with its own context cache (.BlockDrafter)
-    "prove-lossless": {"seam": "fused", "min_confidence": None},
-    "prove": {"seam": "parallel"},
-    **{m: {"proposer": "draft"} for m in RULE_METHODS},
-}
-RULE_PROPOSERS = ("draft", "block")
+# Stock vLLM peers (plugin disabled); ``model``: the AR model of vllm-ar (given only: rows keep
+# their identity), e.g. ``--set vllm-ar.model=block`` beside ``prove-lossless``.
+PEERS: dict[str, Mapping[str, Param]] = {"vllm-ar": declare(), "vllm-sd": declare(K)}
+PEER_EXTRAS = {"vllm-ar": declare(Param("model", str, "target", "the AR model's role", choices=AR_MODELS))}
 # seam -> VLLMEngine proposer: vLLM's parallel drafting, our proposer class with its own cache,
 # or the block model drafting inside its own verification forward (prove-lossless only)
 BLOCK_SEAMS = {"parallel": "block", "own-cache": "block-cache", "fused": "block-fused"}
@@ -89,37 +64,51 @@ def is_peer(name: str) -> bool:
     return name in PEERS
 
 
-def resolve(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Validated parameters of a vLLM row (unknown method / parameter / value: clear error)."""
-    table = PEERS if is_peer(name) else METHODS
+def row_params(name: str) -> tuple[Mapping[str, Param], Mapping[str, Param]]:
+    """A vLLM row's (parameters with defaults, options present only when given): a method's are its
+    preset's less the row's ``drops``, and the row's ``extras`` (methods.py :class:`VllmRow`)."""
+    if is_peer(name):
+        return PEERS[name], PEER_EXTRAS.get(name, declare())
     if name in SKIPPING_METHODS:
         raise RelaxSpecError(
             f"{name!r} commits tokens without the verifier, which vLLM cannot (it runs the target on "
             "every step): use --engine relaxspec (docs/vllm-proposers.md)"
         )
-    if name not in table:
+    if name not in VLLM_METHODS:
         raise RelaxSpecError(
-            f"method {name!r} does not run inside vLLM; vLLM rows: {', '.join([*METHODS, *PEERS])}"
+            f"method {name!r} does not run inside vLLM; vLLM rows: {', '.join([*VLLM_METHODS, *PEERS])}"
         )
-    known = {**table[name], **PEER_OPTIONAL.get(name, {})}
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise RelaxSpecError(
-            f"{name!r} with --engine vllm has no parameter {', '.join(unknown)} "
-            f"(parameters: {', '.join(known) or 'none'})"
-        )
-    out = {**table[name], **params}
-    k = out.get("k", 1)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise RelaxSpecError(f"k of {name!r} must be an integer >= 1, got {k!r}")
-    if out.get("proposer", "draft") not in RULE_PROPOSERS:
-        raise RelaxSpecError(f"proposer of {name!r} must be draft or block, got {out['proposer']!r}")
-    if "model" in out and out["model"] not in AR_MODELS:
-        raise RelaxSpecError(f"model of {name!r} must be one of {', '.join(AR_MODELS)}, got {out['model']!r}")
-    if name in PROPOSER_METHODS:
-        engine_plan(name, out)  # validates
-    elif name in METHODS and name != "ar":
-        RuleChoice(canonical(name), {p: v for p, v in out.items() if p in PARAM_KEYS})
+    spec = get_method(name)
+    row = spec.vllm
+    assert row is not None
+    own = declare(*(p for n, p in spec.params.items() if n not in row.drops))
+    return own, row.extras
+
+
+def row_defaults(name: str) -> dict[str, Any]:
+    """A vLLM row's parameter names and defaults (what ``--set`` may sweep)."""
+    return defaults(row_params(name)[0])
+
+
+def resolve(name: str, params: Mapping[str, Any]) -> Params:
+    """Validated parameters of a vLLM row (unknown method / parameter / value: clear error).
+
+    A method's own parameters are checked by its preset (:meth:`MethodSpec.resolve`, the same
+    checks as on our engine); the row's options by their :class:`Param` and :func:`engine_plan`.
+    """
+    own, extras = row_params(name)
+    check_names(f"{name!r} with --engine vllm", params, [*own, *extras])
+    options = resolve_params(name, extras, {n: v for n, v in params.items() if n in extras})
+    given = {n: v for n, v in params.items() if n in own}
+    if is_peer(name):
+        base = resolve_params(name, own, given)
+    else:
+        spec = get_method(name)
+        engine = spec.resolve({n: v for n, v in given.items() if n in spec.params})
+        base = Params({n: engine[n] for n in own})
+    out = Params({**base, **{n: options[n] for n in params if n in extras}})
+    if name in VLLM_METHODS and name != "ar":
+        engine_plan(name, out)  # validates the row's options
     return out
 
 
@@ -129,15 +118,21 @@ class EnginePlan:
 
     rule: str
     rule_params: dict[str, Any]
-    proposer: str  # draft | block | block-cache | diffusion (VLLMEngine proposers)
+    proposer: str  # draft | block | block-cache | block-fused | diffusion (VLLMEngine proposers)
     k: int
     target_role: str = "target"
     proposer_role: str = "draft"
     # gamma, steps, reveal (diffusion); min_confidence (the fused block seam)
     options: dict[str, Any] = field(default_factory=dict)
+    stock: bool = False  # vLLM without the plugin (the vllm-* peers)
+
+    @property
+    def choice(self) -> RuleChoice:
+        """The rule every request of this row asks for."""
+        return RuleChoice(self.rule, self.rule_params)
 
     def request_rule(self) -> dict[str, Any]:
-        return {"rule": self.rule, **self.rule_params}
+        return self.choice.to_extra_args()
 
     @property
     def drafter_positions(self) -> int:
@@ -156,13 +151,6 @@ class EnginePlan:
         )
 
 
-def _int_param(p: dict[str, Any], name: str, upper: int = 64) -> int:
-    value = p[name]
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
-        raise RelaxSpecError(f"{name} must be an integer in [1, {upper}], got {value!r}")
-    return value
-
-
 def drafter_gamma(path: str | Path | None = None) -> int:
     """The diffusion drafter's operating-point γ (config ``diffusion_gamma``, else its training block)."""
     config = json.loads((model_dir("diffusion", path, "vLLM") / "config.json").read_text())
@@ -172,52 +160,91 @@ def drafter_gamma(path: str | Path | None = None) -> int:
     return gamma
 
 
-def engine_plan(name: str, p: dict[str, Any], paths: dict[str, Any] | None = None) -> EnginePlan:
-    """The :class:`EnginePlan` of a vLLM method row with resolved parameters ``p``."""
-    paths = paths or {}
-    if name in ("prove-lossless", "prove"):
-        seam = p.get("seam", PEER_OPTIONAL[name]["seam"])
-        if seam not in BLOCK_SEAMS:
-            raise RelaxSpecError(f"seam must be one of {', '.join(BLOCK_SEAMS)}, got {seam!r}")
-        size = _int_param(p, "block_size")
-        if name == "prove-lossless":
-            options = {}
-            if p.get("min_confidence") is not None:
-                if seam != "fused":
-                    raise RelaxSpecError("min_confidence is an option of seam=fused")
-                options["min_confidence"] = check_min_confidence(p["min_confidence"])
-            return EnginePlan("sd", {}, BLOCK_SEAMS[seam], size, "block", "block", options)
+def _rule_params(rule: str, p: Mapping[str, Any]) -> dict[str, Any]:
+    return {n: p[n] for n in RULES[rule].params}
+
+
+def _block_plan(name: str, p: Mapping[str, Any]) -> EnginePlan:
+    """prove-lossless (the block model verifies itself) or prove (a small verifier, ``Gate(θ)``)."""
+    seam = p.get("seam", get_method(name).vllm.extras["seam"].default)
+    size = block_size_of(p)
+    if name == "prove-lossless":
+        options = {}
         if seam == "fused":
-            raise RelaxSpecError(
-                "seam=fused drafts inside the verifier's own forward, so the verifier must be the block "
-                "model: prove-lossless only (prove verifies with the small model)"
-            )
-        RuleChoice("gate", {"theta": p["theta"]})
-        return EnginePlan("gate", {"theta": p["theta"]}, BLOCK_SEAMS[seam], size, "draft", "block")
-    if name == "sdd":
-        if p["accept"] not in SDD_ACCEPT:
-            raise RelaxSpecError(f"accept must be one of {', '.join(SDD_ACCEPT)}, got {p['accept']!r}")
-        rule, names = SDD_ACCEPT[p["accept"]]
-        rule_params = {n: p[n] for n in names}
-        RuleChoice(rule, rule_params)
-        gamma = drafter_gamma(paths.get("diffusion")) if p["gamma"] is None else _int_param(p, "gamma")
-        steps = p["steps"]
-        if steps is not None:
-            _int_param(p, "steps", gamma)
-        if p["reveal"] not in ("auto", "confidence", "left_to_right"):
-            raise RelaxSpecError(f"reveal must be auto, confidence or left_to_right, got {p['reveal']!r}")
-        options = {"gamma": gamma, "steps": steps, "reveal": p["reveal"]}
-        return EnginePlan(rule, rule_params, "diffusion", gamma, "target", "diffusion", options)
-    if name in METHODS and name != "ar":
-        rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
-        if p.get("proposer", "draft") == "block":  # MARS-drafted: parallel drafting against the target
-            return EnginePlan(canonical(name), rule_params, "block", int(p["k"]), "target", "block")
-        return EnginePlan(canonical(name), rule_params, "draft", int(p["k"]))
-    raise RelaxSpecError(f"method {name!r} has no vLLM engine plan")
+            check_fused_block_size(size)
+        if p.get("min_confidence") is not None:
+            if seam != "fused":
+                raise RelaxSpecError("min_confidence is an option of seam=fused")
+            options["min_confidence"] = check_min_confidence(p["min_confidence"])
+        return EnginePlan("sd", {}, BLOCK_SEAMS[seam], size, "block", "block", options)
+    if seam == "fused":
+        raise RelaxSpecError(
+            "seam=fused drafts inside the verifier's own forward, so the verifier must be the block "
+            "model: prove-lossless only (prove verifies with the small model)"
+        )
+    return EnginePlan("gate", _rule_params("gate", p), BLOCK_SEAMS[seam], size, "draft", "block")
+
+
+def _diffusion_plan(p: Mapping[str, Any], paths: Mapping[str, Any]) -> EnginePlan:
+    rule = SDD_ACCEPT[p["accept"]]
+    gamma = drafter_gamma(paths.get("diffusion")) if p["gamma"] is None else p["gamma"]
+    if p["steps"] is not None:
+        check_int("steps", p["steps"], 1, gamma)
+    options = {"gamma": gamma, "steps": p["steps"], "reveal": p["reveal"]}
+    return EnginePlan(rule, _rule_params(rule, p), "diffusion", gamma, "target", "diffusion", options)
+
+
+def engine_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None = None) -> EnginePlan:
+    """The :class:`EnginePlan` of a vLLM method row with resolved parameters ``p``: what its
+    preset's :class:`~relaxspec.methods.VllmRow` says."""
+    spec = get_method(name)
+    row = spec.vllm
+    if row is None or row.proposer == "ar":
+        raise RelaxSpecError(f"method {name!r} has no vLLM engine plan")
+    if row.proposer == "block":
+        return _block_plan(name, p)
+    if row.proposer == "diffusion":
+        return _diffusion_plan(p, paths or {})
+    assert spec.rule is not None
+    rule_params = _rule_params(spec.rule.name, p)
+    if p.get("proposer", "draft") == "block":  # MARS-drafted: parallel drafting against the target
+        return EnginePlan(spec.rule.name, rule_params, "block", p["k"], "target", "block")
+    return EnginePlan(spec.rule.name, rule_params, "draft", p["k"])
+
+
+def row_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None = None) -> EnginePlan:
+    """The plan of any vLLM row: a method's (:func:`engine_plan`), ``ar`` (the target, no drafts)
+    or a stock peer (``stock=True``: the plugin out)."""
+    if name in ("ar", "vllm-ar"):  # AR has no acceptance step: the plugin changes nothing there
+        return EnginePlan("ar", {}, "draft", 0, p.get("model", "target"), stock=True)
+    if name == "vllm-sd":
+        return EnginePlan("sd", {}, "draft", p["k"], stock=True)
+    return engine_plan(name, p, paths)
+
+
+def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> VLLMEngine:
+    """The one place a :class:`VLLMEngine` is built from a plan: models by role from ``paths`` (None:
+    the bundled ones); ``runtime``: ``seed``, ``multiprocessing``, ``max_model_len``, ..."""
+    where = "vLLM"
+    target = model_dir(plan.target_role, paths.get(plan.target_role), where)
+    if plan.rule == "ar":
+        return VLLMEngine("ar", target=target, stock=plan.stock, **runtime)
+    return VLLMEngine(
+        plan.rule,
+        target=target,
+        draft=model_dir(plan.proposer_role, paths.get(plan.proposer_role), where),
+        k=plan.k,
+        proposer=plan.proposer,
+        stock=plan.stock,
+        **plan.options,
+        **runtime,
+        **plan.rule_params,
+    )
 
 
 class EnginePool:
-    """One vLLM engine per (kind, k, stock); created on first use, closed by :meth:`close`."""
+    """One vLLM engine per plan (less its rule: the rule is per request); created on first use,
+    closed by :meth:`close`."""
 
     def __init__(
         self,
@@ -228,47 +255,20 @@ class EnginePool:
         diffusion: str | Path | None = None,
         **engine_kwargs: Any,
     ) -> None:
-        self.target, self.draft = target, draft
-        self.paths: dict[str, Any] = {"target": target, "draft": draft}
-        self.paths.update(block=block, diffusion=diffusion)
-        self.multiprocessing = multiprocessing
-        self.engine_kwargs = engine_kwargs
+        self.paths: dict[str, Any] = {
+            "target": target,
+            "draft": draft,
+            "block": block,
+            "diffusion": diffusion,
+        }
+        self.runtime = {"multiprocessing": multiprocessing, **engine_kwargs}
         self.engines: dict[tuple[Any, ...], VLLMEngine] = {}
 
-    def get(self, kind: str, k: int, stock: bool, model: str = "target") -> VLLMEngine:
-        # AR has no acceptance step: the plugin changes nothing there, so ar and vllm-ar share one.
-        key = (kind, k, stock) if kind != "ar" else ("ar", 0, True)
-        if model != "target":
-            key = (*key, model)
-        if key not in self.engines:
-            self.engines[key] = VLLMEngine(
-                kind,
-                target=model_dir(model, self.paths.get(model), "vLLM") if model != "target" else self.target,
-                draft=self.draft,
-                k=k,
-                stock=key[2],
-                multiprocessing=self.multiprocessing,
-                **self.engine_kwargs,
-            )
-        return self.engines[key]
-
     def get_plan(self, plan: EnginePlan) -> VLLMEngine:
-        """The engine of a method row (plugin on); shared by plans that differ only in their rule."""
-        if plan.proposer == "draft" and plan.target_role == "target":
-            return self.get(plan.rule, plan.k, False)
-        key = ("plan", *plan.engine_key(self.paths))
+        """The engine of a row; shared by plans that differ only in their rule."""
+        key = (plan.stock, *plan.engine_key(self.paths)) if plan.rule != "ar" else ("ar", plan.target_role)
         if key not in self.engines:
-            self.engines[key] = VLLMEngine(
-                plan.rule,
-                target=model_dir(plan.target_role, self.paths.get(plan.target_role), "vLLM"),
-                draft=model_dir(plan.proposer_role, self.paths.get(plan.proposer_role), "vLLM"),
-                k=plan.k,
-                proposer=plan.proposer,
-                multiprocessing=self.multiprocessing,
-                **plan.options,
-                **self.engine_kwargs,
-                **plan.rule_params,
-            )
+            self.engines[key] = start_engine(plan, self.paths, **self.runtime)
         return self.engines[key]
 
     def close(self) -> None:
@@ -309,18 +309,10 @@ def runner(name: str, params: dict[str, Any], sampling: Any, pool: EnginePool) -
     ``sampling``: :class:`relaxspec.core.sampling.SamplingParams` of the grid (temperature, top-k,
     top-p, budget). Methods get the plugin and their rule per request; peers are stock vLLM.
     """
-    p = resolve(name, params)
-    stock = is_peer(name)
-    kind = {"vllm-ar": "ar", "vllm-sd": "sd"}.get(name, name)
-    if stock or kind == "ar":
-        k = int(p.get("k", 0)) if kind != "ar" else 0
-        engine = pool.get(kind, k, stock, model=p.get("model", "target"))
-        rule = None
-    else:
-        plan = engine_plan(name, p, pool.paths)
-        k = plan.drafter_positions
-        engine = pool.get_plan(plan)
-        rule = plan.request_rule()
+    plan = row_plan(name, resolve(name, params), pool.paths)
+    engine = pool.get_plan(plan)
+    k = plan.drafter_positions
+    rule = plan.request_rule() if not plan.stock and plan.rule != "ar" else None
 
     def run(ex: Any, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
         result = engine.generate(
@@ -348,45 +340,21 @@ def generate_json(
     prompt: str,
     *,
     params: dict[str, Any] | None = None,
-    k: int = 4,
     temperature: float = 0.0,
     max_new_tokens: int = 128,
     seed: int | None = None,
     top_k: int = 0,
     top_p: float = 1.0,
-    target: str | Path | None = None,
-    draft: str | Path | None = None,
     stop: Sequence[str] | None = None,
     paths: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One generation for ``relaxspec generate --engine vllm``: ``{"text", "tokens", "stats"}``.
 
-    ``paths``: model directories by role (``block``, ``diffusion``, ...) for the ProVe / SDD rows.
+    ``paths``: model directories by role (``target``, ``draft``, ``block``, ``diffusion``).
     """
-    paths = {"target": target, "draft": draft, **{r: v for r, v in (paths or {}).items() if v is not None}}
-    if method in PROPOSER_METHODS or (params or {}).get("proposer", "draft") != "draft":
-        given = dict(params or {}) if method in PROPOSER_METHODS else {"k": k, **(params or {})}
-        p = resolve(method, given)
-        plan = engine_plan(method, p, paths)
-        engine = VLLMEngine(
-            plan.rule,
-            target=model_dir(plan.target_role, paths.get(plan.target_role), "vLLM"),
-            draft=model_dir(plan.proposer_role, paths.get(plan.proposer_role), "vLLM"),
-            k=plan.k,
-            proposer=plan.proposer,
-            seed=seed or 0,
-            **plan.options,
-            **plan.rule_params,
-        )
-        k = plan.drafter_positions
-    else:
-        p = resolve(method, {"k": k, **(params or {})} if method != "ar" else dict(params or {}))
-        if method == "ar":
-            p["k"] = 1
-        rule_params = {x: v for x, v in p.items() if x in PARAM_KEYS}
-        k = p.get("k", 1)
-        engine = VLLMEngine(method, target=target, draft=draft, k=k, seed=seed or 0, **rule_params)
-        k = p.get("k", 0) if method != "ar" else 0
+    p = resolve(method, params or {})
+    plan = row_plan(method, p, paths or {})
+    engine = start_engine(plan, paths or {}, seed=seed or 0)
     try:
         result = engine.generate(
             prompt,
@@ -399,7 +367,7 @@ def generate_json(
         )[0]
     finally:
         engine.close()
-    stats = generation_stats(result, k)
+    stats = generation_stats(result, plan.drafter_positions)
     stats.update({"method": method, "params": p, "temperature": temperature})
     return {"text": result.text, "tokens": result.tokens, "stats": stats}
 
@@ -493,23 +461,16 @@ def cli_generate(
     import sys
 
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    params = dict(params)
-    k = params.pop("k", METHODS.get(method, {}).get("k", 4))
-    if method in SKIPPING_METHODS:
-        resolve(method, {})  # the clear error
     with stdout_to_stderr():
         out = generate_json(
             method,
             prompt,
             params=params,
-            k=k,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             seed=seed,
             top_k=top_k,
             top_p=top_p,
-            target=paths.get("target"),
-            draft=paths.get("draft"),
             stop=stop,
             paths=paths,
         )

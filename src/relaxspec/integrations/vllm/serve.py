@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.data.chat import STOP
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm import guard, proposers
 from relaxspec.integrations.vllm.rejection import ENV_STATS_DIR
-from relaxspec.integrations.vllm.rules import ENV_RULE, RuleChoice, canonical
+from relaxspec.integrations.vllm.rules import RuleChoice, canonical, default_env
 from relaxspec.models import model_dir
+from relaxspec.params import DEFAULT_K
 
 STATS_PREFIX = "relaxspec-vllm-stats-"  # then the server's pid and a random suffix
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
@@ -134,7 +135,7 @@ def vllm_args(
     *,
     target: str | Path | None = None,
     draft: str | Path | None = None,
-    k: int = 4,
+    k: int = DEFAULT_K,
     host: str = "127.0.0.1",
     port: int = 8000,
     served_model_name: str | None = None,
@@ -172,8 +173,7 @@ def vllm_args(
     rule = None if name == "ar" else RuleChoice(name, params)
     if name == "ar" and params:
         raise RelaxSpecError("method 'ar' takes no rule parameters")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise RelaxSpecError(f"k must be an integer >= 1, got {k!r}")
+    check_int("k", k, 1)
     argv = server(model_dir("target", target, "serve --engine vllm"))
     if rule is not None:
         spec = {
@@ -233,8 +233,7 @@ def serving_args(
     """vLLM's flags for our serving options (None: vLLM's default)."""
     argv = ["--middleware", guard.MIDDLEWARE]
     if max_concurrency is not None:
-        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise RelaxSpecError(f"--max-concurrency must be an integer >= 1, got {max_concurrency!r}")
+        check_int("--max-concurrency", max_concurrency, 1)
         argv += ["--max-num-seqs", str(max_concurrency)]
     if max_tokens_cap is not None:  # vLLM clamps every generation to it (the guard refuses more)
         argv += ["--override-generation-config", json.dumps({"max_new_tokens": max_tokens_cap})]
@@ -289,7 +288,7 @@ def serve(
             os.environ[plugin.ENV_DISABLE] = "1"
         else:
             if rule is not None:
-                os.environ[ENV_RULE] = rule.to_json()
+                os.environ.update(default_env(rule))  # type: ignore[arg-type]
             where = stats_dir or stack.enter_context(temporary_stats_dir())
             os.environ[ENV_STATS_DIR] = where
             plugin.register()
@@ -318,18 +317,26 @@ def _run_vllm_server(argv: list[str], method: str) -> None:
     uvloop.run(run_server(args))
 
 
+def _row_params() -> dict[str, Any]:
+    """``name -> Param`` of every parameter a vLLM row takes but ``k`` (first declaration wins)."""
+    from relaxspec.integrations.vllm import runners
+
+    found: dict[str, Any] = {}
+    for name in runners.VLLM_METHODS:
+        own, extras = runners.row_params(name)
+        for param in (*own.values(), *extras.values()):
+            if param.name != "k" and param.kind is not bool:
+                found.setdefault(param.name, param)
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m relaxspec.integrations.vllm.serve --method nsd --theta 0.9 --port 8000 ...``"""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--method", default="nsd")
-    ap.add_argument("--theta", type=float)
-    ap.add_argument("--accept-k", type=int)
-    ap.add_argument("--epsilon", type=float)
-    ap.add_argument("--delta", type=float)
-    ap.add_argument("--ell", type=float)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=DEFAULT_K)
     ap.add_argument("--target")
     ap.add_argument("--draft")
     ap.add_argument("--host", default="127.0.0.1")
@@ -344,30 +351,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     for flag in ("--max-body-bytes", "--max-tokens-cap", "--default-max-tokens", "--max-concurrency"):
         ap.add_argument(flag, type=int)
     ap.add_argument("--log-level", choices=LOG_LEVELS)
-    # prove-lossless / prove / sdd: our proposers inside vLLM (relaxspec.integrations.vllm.proposers)
-    for flag, typ in (("--block-size", int), ("--gamma", int), ("--steps", int), ("--reveal", str),
-                      ("--accept", str), ("--seam", str), ("--min-confidence", float),
-                      ("--block", str), ("--diffusion", str)):  # fmt: skip
-        ap.add_argument(flag, type=typ)
+    # every parameter of a vLLM row (relaxspec.methods' presets), k aside
+    row_params = _row_params()
+    for param in row_params.values():
+        ap.add_argument("--" + param.name.replace("_", "-"), type=param.kind)
+    ap.add_argument("--block", type=str)
+    ap.add_argument("--diffusion", type=str)
     ns, extra = ap.parse_known_args(argv)
-    params = {
-        k: v
-        for k, v in {
-            "theta": ns.theta,
-            "accept_k": ns.accept_k,
-            "epsilon": ns.epsilon,
-            "delta": ns.delta,
-            "ell": ns.ell,
-            "block_size": ns.block_size,
-            "gamma": ns.gamma,
-            "steps": ns.steps,
-            "reveal": ns.reveal,
-            "accept": ns.accept,
-            "seam": ns.seam,
-            "min_confidence": ns.min_confidence,
-        }.items()
-        if v is not None
-    }
+    params = {n: getattr(ns, n) for n in row_params if getattr(ns, n) is not None}
     serve(
         ns.method,
         params,

