@@ -22,6 +22,7 @@ MAX_MODULE_LINES = 20
 # value, a session number.
 MEASURED = re.compile(
     r"\d+(?:\.\d+)?\s?×"  # 1.58×, 2 ×
+    r"|\b\d+(?:\.\d+)?x (?:AR|SD|HF|vLLM|faster|slower)\b"  # 1.8x AR
     r"|\b\d+(?:\.\d+)?\s?ms\b"  # 12 ms
     r"|tok/s"  # tokens per second
     r"|pass@1\s?(?:of\s|=\s?|≈\s?)?\d"  # pass@1 0.47
@@ -122,9 +123,18 @@ def test_the_regex_catches_figures_and_spares_definitions():
         "483 tok/s",
         "pass@1 0.47",
         "session 15",
+        "1.8x AR",
     ):
         assert MEASURED.search(measured), measured
-    for plain in ("θ × K grid", "filter × map", "B·(K + 1) tokens", "``share`` × the time", "K = 2"):
+    for plain in (
+        "θ × K grid",
+        "filter × map",
+        "B·(K + 1) tokens",
+        "``share`` × the time",
+        "K = 2",
+        "0x2a",
+        "5.2x",
+    ):
         assert not MEASURED.search(plain), plain
 
 

@@ -234,8 +234,8 @@ class GoodputDraftLength:
         advantage = self._smaller_batch_advantage(bucket)  # what smaller batches credit drafting with
         goodput = self._goodputs(rows, bucket, advantage)
         best_drafting = 1 + int(np.argmax(goodput[1:]))
-        # drafting must clearly beat AR: measured windows scatter by ~10 % under request churn,
-        # and a prediction is no better than its cost model
+        # drafting must clearly beat AR: measured windows scatter under request churn
+        # (docs/performance.md §6), and a prediction is no better than its cost model
         k = best_drafting if goodput[best_drafting] >= (1 + self.settings.draft_margin) * goodput[0] else 0
         if not self._established(bucket, 0):
             k = 0  # measure the AR baseline of this batch size first: drafting is compared to it
