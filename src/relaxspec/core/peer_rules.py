@@ -1,24 +1,17 @@
-"""The relaxed rules of other serving engines, beside ours (issue 31): TensorRT-LLM, SGLang, FLy.
+"""The relaxed rules of other serving engines, beside ours (issue 31; docs/design.md §9).
 
-Each is an :class:`~relaxspec.core.acceptance.AcceptanceRule`, so :func:`verify` runs it with the
-same contract as the others: accept ``d_i`` iff ``u_i < h_i(d_i)`` (greedy: ``h ∈ {0, 1}``), cut at
-the first rejection, emit the recovered token from ``norm((p − q·h)⁺)`` there (greedy: ``argmax p``)
-or the bonus token from ``p_{K+1}``.
+Each is an :class:`~relaxspec.core.acceptance.AcceptanceRule` with the contract of the others:
+accept ``d_i`` iff ``u_i < h_i(d_i)`` (greedy: ``h ∈ {0, 1}``), cut at the first rejection, emit the
+recovered token from ``norm((p − q·h)⁺)`` there (greedy: ``argmax p``) or the bonus from ``p_{K+1}``.
 
-- :class:`TopKDelta` — TensorRT-LLM's relaxed acceptance (``relaxed_topk``, ``relaxed_delta``,
-  DeepSeek-R1 MTP): accept outright a token among the target's top-N with ``p ≥ p_top1 − δ``.
-- :class:`Threshold` — SGLang's accept thresholds (``speculative_accept_threshold_single`` /
-  ``_acc``): ``h = 1`` where ``p ≥ single``, else ``min(1, p/(acc·q))``.
-- :class:`FLy` — training-free loosely speculative decoding (Li et al. 2025, arXiv 2511.22972;
-  vLLM's ``rejection_sample_method="fly"``): a native rejection at a high-entropy position is kept
-  as accepted when the next ``window`` drafts are accepted natively.
-
-FLy's window reads later positions of the *same* draft block: its decision at position ``i``
-depends on the native decisions (and uniforms) at ``i+1..i+W``. That is state within one
-:func:`verify` call only, so the rule stays a pure function of the call's inputs (tokens, q, p and
-the generator's draws); it carries nothing from one call to the next. Because of the window, FLy
-has no element-wise ``h`` that gives its emitted law: :func:`relaxspec.core.theory.fly_block_law`
-enumerates that law exactly over small V and K instead.
+- :class:`TopKDelta` — TensorRT-LLM's relaxed acceptance (``relaxed_topk``, ``relaxed_delta``):
+  accept outright a token among the target's top-N with ``p ≥ p_top1 − δ``.
+- :class:`Threshold` — SGLang's accept thresholds: ``h = 1`` where ``p ≥ single``, else
+  ``min(1, p/(acc·q))``.
+- :class:`FLy` — loosely speculative decoding (Li et al. 2025, arXiv 2511.22972): a native
+  rejection at a high-entropy position is kept when the next ``window`` drafts are accepted
+  natively. Its window reads later positions of the same block only (no state across calls), so
+  it has no element-wise ``h``: :func:`relaxspec.core.theory.fly_block_law` enumerates its law.
 
 Shapes: ``B`` rows, ``K`` draft positions, ``V`` vocabulary.
 """
@@ -55,7 +48,8 @@ def _check_greedy(greedy: object) -> None:
 @dataclass(frozen=True)
 class TopKDelta(AcceptanceRule):
     """TensorRT-LLM relaxed acceptance: accept outright ``x`` with ``rank_p(x) < top_n`` and
-    ``p(x) ≥ max p − δ`` (and ``p(x) > 0``), else the base rule.
+    ``p(x) ≥ max p − δ`` (and ``p(x) > 0``), else the base rule (TensorRT-LLM's ``relaxed_topk``,
+    ``relaxed_delta``, used with DeepSeek-R1 MTP).
 
     Ties: ``rank_p(x) = #{y: p(y) > p(x)}``, so tokens tied with the N-th largest value are all
     members, and ``p ≥ max p − δ`` includes equality. ``δ = 0`` keeps the tokens tied with the mode:
@@ -83,7 +77,8 @@ class TopKDelta(AcceptanceRule):
 
 @dataclass(frozen=True)
 class Threshold(AcceptanceRule):
-    """SGLang accept thresholds: ``h(x) = 1`` where ``p(x) ≥ single``, else ``min(1, p/(acc·q))``.
+    """SGLang accept thresholds: ``h(x) = 1`` where ``p(x) ≥ single``, else ``min(1, p/(acc·q))``
+    (SGLang's ``speculative_accept_threshold_single`` / ``speculative_accept_threshold_acc``).
 
     ``single, acc ∈ (0, 1]``; ``single = acc = 1`` is :class:`Exact` (``p ≥ 1`` only for a one-hot
     target, where Exact accepts too). Greedy mode: accept ``argmax p`` or ``p ≥ single`` (``acc``
@@ -121,8 +116,8 @@ def fly_entropy(p: Tensor, top_k: int) -> Tensor:
 @dataclass(frozen=True)
 class FLy(AcceptanceRule):
     """FLy: defer a native rejection at a high-entropy position and keep the draft if the next
-    ``window`` drafts are accepted natively (vLLM ``fly_window_size``, ``fly_entropy_threshold``,
-    ``fly_entropy_top_k``).
+    ``window`` drafts are accepted natively (vLLM's ``rejection_sample_method="fly"`` with
+    ``fly_window_size``, ``fly_entropy_threshold``, ``fly_entropy_top_k``).
 
     Native acceptance is :class:`Exact`'s (greedy: argmax match), on the same uniforms. A natively
     rejected ``d_i`` (position ``i``, 0-based) is accepted iff all of:

@@ -1,25 +1,17 @@
 """Code tasks rendered with one of several equivalent correct solutions (issue 29).
 
 Relaxed verification (NSD, top-k, typical acceptance) pays where a target is *competent and
-uncertain*: several continuations are all correct. Real code has that at every decision point
-(local names, a comprehension or a loop or a builtin, the order of independent statements,
-optional comments), while :mod:`relaxspec.data.codegen` writes one canonical body per task. Here
-each compositional pipeline task (filter × map × aggregator, :data:`codegen.PIPELINE_COMBOS`) is
-rendered with one solution drawn per example from :func:`solutions`, and with a broader prompt:
+uncertain*: several continuations are all correct. :mod:`relaxspec.data.codegen` writes one
+canonical body per task; here each compositional pipeline task (:data:`codegen.PIPELINE_COMBOS`)
+is rendered with one solution drawn per example from :func:`solutions` (:data:`STRATEGIES`:
+builtin + generator, comprehension, explicit loop with an accumulator, early return, filter then
+map in two steps, a nested helper; drawn names, optional guard, comment and blank line), under a
+broader prompt (name styles, annotations, the five docstring styles of :data:`DOC_STYLES`).
 
-- **solutions**: builtin + generator, comprehension into a local, explicit loop with an
-  accumulator (``if`` or ``continue``), early return, filter then map in two steps, a nested
-  helper for the condition or the map; drawn local and loop names; optional empty-input guard,
-  split-before-or-after-init order, comment line and blank line;
-- **prompts**: function name styles, no / builtin / ``typing`` annotations, five docstring styles
-  (:data:`DOC_STYLES`: one line, doctest examples, Google ``Args:``, Sphinx ``:param:``, "Given
-  ...") with or without examples.
-
-Splits (all deterministic, as for the pipelines): a *phrasing family* is (docstring style,
-aggregator of a kind); :data:`HELDOUT_PHRASINGS` (one per kind and non-plain style) are never
-trained. Training: :data:`codegen.TRAIN_COMBOS` in training phrasings on seeds below
-:data:`EVAL_SEED_START`, held-out specs skipped; held-out seeds: the same on evaluation seeds,
-held-out specs only; held-out combinations: :data:`codegen.HELDOUT_COMBOS`; held-out phrasings.
+Splits (deterministic): a *phrasing family* is (docstring style, aggregator of a kind);
+:data:`HELDOUT_PHRASINGS` are never trained. Training: :data:`codegen.TRAIN_COMBOS` in training
+phrasings on seeds below :data:`EVAL_SEED_START`, held-out specs skipped; held out: seeds,
+combinations (:data:`codegen.HELDOUT_COMBOS`) and phrasings. Models: docs/models.md (issue 29).
 """
 
 from __future__ import annotations

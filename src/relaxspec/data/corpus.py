@@ -1,35 +1,12 @@
 """The offline training corpus (docs/design.md §5): Python standard-library source + synthetic math and code.
 
-``build_corpus(out_dir)`` writes, deterministically:
-
-- ``code_train.jsonl`` / ``code_eval.jsonl`` — one ``{"path", "text"}`` per stdlib module,
-  deduplicated by content; a module is held out for evaluation when the SHA-1 of its relative path
-  falls in a fixed bucket (:func:`is_heldout_module`), so the split never depends on file order.
-- ``math_train.jsonl`` — ``{"seed", "text"}`` for training seeds ``0..n_math_train-1``.
-- ``math_eval.jsonl`` — ``{"seed", "prompt", "solution", "answer", "steps"}`` from the disjoint
-  evaluation seed range.
-- ``synthcode_train.jsonl`` — ``{"seed", "family", "text"}``: synthetic code tasks
-  (:mod:`relaxspec.data.codegen`) of the training families on training seeds, held-out specs
-  skipped; ``synthcode_eval.jsonl`` / ``synthcode_families_eval.jsonl`` — ``{"seed", "family",
-  "prompt", "text"}`` of the held-out seeds / held-out families (for held-out losses; never
-  trained on).
-- ``math_broad_train.jsonl`` — ``{"seed", "family", "steps", "text"}``: the broadened math
-  generator's training families (1–6 steps); ``math_families_eval.jsonl`` — ``{"seed", "family",
-  "prompt", "solution", "answer", "steps", "text"}`` of its held-out scenario families.
-- ``synthpipes_train.jsonl`` — compositional pipeline code tasks (filter × map × aggregator) of
-  the training combinations; ``synthpipes_eval.jsonl`` — the held-out combinations.
-- ``math_styles_train.jsonl`` — the broadened math scenarios rendered in phrasing styles, training
-  (scenario, style) pairs only; ``math_phrasing_eval.jsonl`` — the held-out (scenario, style)
-  pairs (held-out phrasing families).
-- ``codevar_train.jsonl`` / ``mathvar_train.jsonl`` — code and math rendered with one of several
-  equivalent correct solutions per example (:mod:`relaxspec.data.codevartasks`,
-  :mod:`relaxspec.data.mathvariants`); ``codevar_eval`` / ``codevar_combos_eval`` /
-  ``codevar_phrasing_eval`` and ``mathvar_eval`` / ``mathvar_families_eval`` /
-  ``mathvar_phrasing_eval`` — held out by seed, by combination (scenario family) and by phrasing.
-- ``manifest.json`` — Python version, counts, held-out module list, characters per source.
-
+:func:`build_corpus` writes, deterministically, JSONL files of stdlib modules (held out by a hash
+of the path, :func:`is_heldout_module`), synthetic math (:mod:`relaxspec.data.mathgen`,
+:mod:`relaxspec.data.mathvariants`) and synthetic code tasks (:mod:`relaxspec.data.codegen`,
+:mod:`relaxspec.data.codevartasks`), each split into training and held-out sets (by seed, by
+family or combination, by phrasing), plus ``manifest.json``; its docstring lists every file.
 Token counts and the mixing ratio are recorded by the training code once a tokenizer exists
-(see :mod:`relaxspec.data.tokens`).
+(:mod:`relaxspec.data.tokens`). The corpus as built: docs/models.md ("Corpus").
 """
 
 from __future__ import annotations
@@ -155,7 +132,36 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dict:
-    """Write the corpus files into ``out_dir`` and return the manifest."""
+    """Write the corpus files into ``out_dir`` and return the manifest.
+
+    Writes, deterministically:
+
+    - ``code_train.jsonl`` / ``code_eval.jsonl`` — one ``{"path", "text"}`` per stdlib module,
+      deduplicated by content; a module is held out for evaluation when the SHA-1 of its relative path
+      falls in a fixed bucket (:func:`is_heldout_module`), so the split never depends on file order.
+    - ``math_train.jsonl`` — ``{"seed", "text"}`` for training seeds ``0..n_math_train-1``.
+    - ``math_eval.jsonl`` — ``{"seed", "prompt", "solution", "answer", "steps"}`` from the disjoint
+      evaluation seed range.
+    - ``synthcode_train.jsonl`` — ``{"seed", "family", "text"}``: synthetic code tasks
+      (:mod:`relaxspec.data.codegen`) of the training families on training seeds, held-out specs
+      skipped; ``synthcode_eval.jsonl`` / ``synthcode_families_eval.jsonl`` — ``{"seed", "family",
+      "prompt", "text"}`` of the held-out seeds / held-out families (for held-out losses; never
+      trained on).
+    - ``math_broad_train.jsonl`` — ``{"seed", "family", "steps", "text"}``: the broadened math
+      generator's training families (1–6 steps); ``math_families_eval.jsonl`` — ``{"seed", "family",
+      "prompt", "solution", "answer", "steps", "text"}`` of its held-out scenario families.
+    - ``synthpipes_train.jsonl`` — compositional pipeline code tasks (filter × map × aggregator) of
+      the training combinations; ``synthpipes_eval.jsonl`` — the held-out combinations.
+    - ``math_styles_train.jsonl`` — the broadened math scenarios rendered in phrasing styles, training
+      (scenario, style) pairs only; ``math_phrasing_eval.jsonl`` — the held-out (scenario, style)
+      pairs (held-out phrasing families).
+    - ``codevar_train.jsonl`` / ``mathvar_train.jsonl`` — code and math rendered with one of several
+      equivalent correct solutions per example (:mod:`relaxspec.data.codevartasks`,
+      :mod:`relaxspec.data.mathvariants`); ``codevar_eval`` / ``codevar_combos_eval`` /
+      ``codevar_phrasing_eval`` and ``mathvar_eval`` / ``mathvar_families_eval`` /
+      ``mathvar_phrasing_eval`` — held out by seed, by combination (scenario family) and by phrasing.
+    - ``manifest.json`` — Python version, counts, held-out module list, characters per source.
+    """
     config = config or CorpusConfig()
     _check_sizes(config)
     out = Path(out_dir)

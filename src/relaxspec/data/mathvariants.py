@@ -1,24 +1,14 @@
 """Math problems with several correct solution paths and phrasings (issue 29).
 
-:mod:`relaxspec.data.mathgen` writes one solution per problem (``Label: a op b = c`` lines, then
-``#### N``). A real model is uncertain among many correct ways to write the same reasoning, and
-that is the regime relaxed verification exploits. Here each problem's solution is re-rendered
-with a variant drawn per example:
-
-- **order of independent steps**: any order in which every step still follows the steps whose
-  results it uses (a step depends on an earlier step when one of its operands equals that step's
-  result — conservative: a coincidence only forbids a swap), the final step last;
-- **step wording** (:data:`STEP_STYLES`): ``Label: eq``, ``Label = eq``, ``eq (label)``,
-  ``Step i: label = eq``, or the bare equation, with optional connectives (``Then``, ``Next,``,
-  ``So``) before later steps;
-- **equation style**: ``a * b = c`` or ``a*b=c``;
-- an optional closing sentence (``So the answer is N.``) before ``#### N``.
-
-The arithmetic and the answer never change. Problems come from the phrasing-style generator
-(:func:`mathgen.generate_styled_problem`), so the question phrasing varies too. Splits: training
-phrasings on training seeds with held-out questions skipped (:func:`mathgen.is_heldout_question`);
-held-out seeds (held-out questions only), held-out scenario families and held-out phrasing
-families on the evaluation seeds.
+:mod:`relaxspec.data.mathgen` writes one solution per problem; a real model is uncertain among many
+correct ways to write the same reasoning, the regime relaxed verification exploits. Here each
+solution is re-rendered with a variant drawn per example (:func:`vary_solution`): any order of
+independent steps that respects their dependencies (:func:`step_order`), the step wording
+(:data:`STEP_STYLES`, optional connectives), ``a * b = c`` or ``a*b=c``, and an optional closing
+sentence before ``#### N``. The arithmetic and the answer never change. Problems come from the
+phrasing-style generator (:func:`mathgen.generate_styled_problem`). Splits: training phrasings on
+training seeds with held-out questions skipped (:func:`mathgen.is_heldout_question`); held-out
+seeds, scenario families and phrasing families on the evaluation seeds. Models: docs/models.md.
 """
 
 from __future__ import annotations
@@ -57,7 +47,8 @@ def parse_steps(solution: str) -> list[tuple[str, int, str, int, int]]:
 
 def step_order(steps: list[tuple[str, int, str, int, int]], r: random.Random) -> list[int]:
     """A random order of the steps in which each follows every earlier step whose result it uses
-    (by value), with the last step kept last."""
+    (by value), with the last step kept last. A step depends on an earlier step when one of its
+    operands equals that step's result: conservative, a coincidence only forbids a swap."""
     n = len(steps)
     deps = [{i for i in range(j) if steps[i][4] in (steps[j][1], steps[j][3])} for j in range(n)]
     done: list[int] = []

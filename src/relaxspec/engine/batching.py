@@ -2,62 +2,14 @@
 
 Each request runs the ordinary :class:`~relaxspec.engine.loop.Engine` loop in its own thread. Inside a
 :func:`~relaxspec.engine.kv.lm_factory` block created by a :class:`Batcher`, every :class:`CachedLM` an
-engine builds is a :class:`RowLM`: a *row* of a :class:`SharedCache` that holds one KV cache for
-all sequences decoded with that model. A ``RowLM.forward`` does not run the model itself; it hands
-its tokens to the batcher and waits. When every active sequence is waiting on some forward (the
-engine loops run in lockstep), the last thread to arrive runs one batched forward per model and
-wakes the others. Requests join and leave between steps; rows accept different amounts.
+engine builds is a :class:`RowLM`: a *row* of a :class:`~relaxspec.engine.shared_cache.SharedCache`
+that holds one KV cache for all sequences decoded with that model. A ``RowLM.forward`` hands its
+tokens to the batcher and waits; when every active sequence waits, the last thread to arrive runs
+one batched forward per model and wakes the others. Rows join and leave between steps.
 
-The shared cache is exact per row without copying caches around:
-
-- all rows have the same physical length ``T``; each row keeps a validity mask over its ``T``
-  slots and the logical position of each slot;
-- a forward appends ``L`` slots to every row (``L`` = the longest input of the step); a row with
-  fewer new tokens leaves the rest as holes;
-- rolling a row back only marks its slots beyond the kept length as holes;
-- the model sees the validity mask as a 2D attention mask and the logical positions as
-  ``position_ids``, so a row attends exactly to its own committed tokens, in order, as it would
-  alone; holes are compacted away when they outnumber valid slots.
-
-A new row's prompt is prefilled alone, ``prefill_chunk`` tokens per step, and then inserted, so long
-prompts never pad the batch and never hold a step for their whole length.
-
-Lanes. A batched forward attends over the shared cache's whole physical length, so a short row
-beside a 900-token row would pay for 900 slots (holes) at every step. A row therefore joins a
-*lane* of its model by its prompt's length (0 up to ``long_context`` tokens, then one lane per
-doubling); each lane has its own shared cache and its own forward.
-
-Fair scheduling (docs/design.md §7: one request must not stall the others). Lockstep alone would let one
-request with costly cycles set everyone's pace. So the batcher tells *cheap* work (a row's forward
-of at most ``long_input`` tokens in lane 0, a short prefill) from *costly* work: a row's forward of
-more tokens (it pads every row of the batch), every forward of a long-context lane, the chunks of a
-long prompt's prefill, and exclusive jobs, the forwards of models an engine runs privately — the
-diffusion drafter, whose block mask cannot share a batch — which are routed through the step loop
-one forward at a time. Each unit of a step (a lane's batched forward, a prefill chunk, a job) is
-timed; costly units are charged to their generations' ``credit`` (seconds), and so is, while others
-run, a generation's own work between forwards (sampling, the rule, stop strings: it competes with
-theirs for the CPU and the GIL). Cost thus follows the tokens processed and the context they attend
-to, not the number of requests. While cheap work of others is waiting, a generation in debt is
-deferred (its work stays pending, the others step without it), and the generations deferred in a
-step share ``share`` × the time the others' work took. So beside other requests all heavy ones
-together get about ``share`` seconds per second of theirs, and the others keep about
-``1 / (1 + share)`` of their pace alone, however many heavy requests there are; with nothing else
-waiting heavy work runs at full speed (work-conserving). A step runs at most one costly unit (that
-of the generation served longest ago), so a request that arrives waits at most one unit to join.
-
-Phase alignment. A batched forward runs every row of its model's shared cache (rows without
-input only carry holes), so it costs the same whether one row or all of them asked for it. Rows
-of a speculative method alternate between proposer forwards (K draft steps) and one verifier
-forward per cycle; requests that join at different times land in different phases, and then every
-step runs a full verify for the few rows that reached it plus a draft forward for the rest, so the
-batch pays for B·(K+1) verified tokens each step while a fraction of it gains from them (measured:
-K = 2 at 16 rows ran at 0.47× AR). So while rows of a smaller model are pending, requests for the
-largest model are held (at most ``max_hold`` steps in a row): the drafting rows catch up, the
-whole batch verifies in one forward and starts its next cycle in step. Holding costs little
-(the held rows wait for draft forwards of a model many times smaller) and keeps the batch whole.
-
-A forward that raises fails only the rows that cause it: the shared cache is restored and the
-rows are retried one by one. A generation whose ``cancel`` event is set leaves while it waits.
+:class:`Batcher` also holds the lanes (rows grouped by prompt length), fair scheduling
+(docs/design.md §7: one request must not stall the others) and phase alignment (the whole batch
+verifies in one forward); its docstring says how. Measured effects: docs/performance.md §1 and §6.
 """
 
 from __future__ import annotations
@@ -132,8 +84,45 @@ class Batcher:
     long_input: a row's forward of more tokens than this is costly (it pads the whole batch);
     long_context: a row whose prompt has more tokens than this decodes in a lane of longer rows,
     and all its work is costly; prefill_chunk: prompt tokens a joining row feeds per step;
-    share: the time the generations in debt earn, together, per second the others step (see the
-    module doc).
+    share: the time the generations in debt earn, together, per second the others step.
+
+    A new row's prompt is prefilled alone, ``prefill_chunk`` tokens per step, and then inserted, so
+    long prompts never pad the batch and never hold a step for their whole length.
+
+    Lanes. A batched forward attends over the shared cache's whole physical length, so a short row
+    beside a 900-token row would pay for 900 slots (holes) at every step. A row therefore joins a
+    *lane* of its model by its prompt's length (0 up to ``long_context`` tokens, then one lane per
+    doubling); each lane has its own shared cache and its own forward.
+
+    Fair scheduling. Lockstep alone would let one request with costly cycles set everyone's pace.
+    So the batcher tells *cheap* work (a row's forward of at most ``long_input`` tokens in lane 0, a
+    short prefill) from *costly* work: a row's forward of more tokens (it pads every row of the
+    batch), every forward of a long-context lane, the chunks of a long prompt's prefill, and
+    exclusive jobs, the forwards of models an engine runs privately (the diffusion drafter, whose
+    block mask cannot share a batch), routed through the step loop one forward at a time. Each unit
+    of a step (a lane's batched forward, a prefill chunk, a job) is timed; costly units are charged
+    to their generations' ``credit`` (seconds), and so is, while others run, a generation's own
+    work between forwards (sampling, the rule, stop strings: it competes for the CPU and the GIL).
+    Cost thus follows the tokens processed and the context they attend to, not the number of
+    requests. While cheap work of others is waiting, a generation in debt is deferred, and the
+    generations deferred in a step share ``share`` × the time the others' work took: heavy requests
+    together get about ``share`` seconds per second of the others', who keep about
+    ``1 / (1 + share)`` of their pace alone; with nothing else waiting heavy work runs at full speed
+    (work-conserving). A step runs at most one costly unit (that of the generation served longest
+    ago), so a request that arrives waits at most one unit to join.
+
+    Phase alignment. A batched forward runs every row of its model's shared cache, so it costs the
+    same whether one row or all of them asked for it. Rows of a speculative method alternate
+    between proposer forwards (K draft steps) and one verifier forward per cycle; rows that joined
+    at different times land in different phases, and every step would run a full verify for the
+    few rows that reached it plus a draft forward for the rest (docs/performance.md §6, "The batch
+    verifies whole again"). So while rows of a smaller model are pending, requests for the largest
+    model are held (at most ``max_hold`` steps in a row): the drafting rows catch up and the whole
+    batch verifies in one forward. Holding costs little: the held rows wait for draft forwards of a
+    model many times smaller.
+
+    A forward that raises fails only the rows that cause it: the shared cache is restored and the
+    rows are retried one by one. A generation whose ``cancel`` event is set leaves while it waits.
     """
 
     long_input: int = 32
@@ -413,7 +402,7 @@ class Batcher:
         self.exclusive_jobs += 1
 
     def _held_for_alignment(self, requests: list[_Request]) -> list[_Request]:
-        """The requests to hold this step (module doc, phase alignment), lane by lane: rows of
+        """The requests to hold this step (class doc, phase alignment), lane by lane: rows of
         different lanes never share a forward, so a long row's drafting never holds a short row."""
         lanes: dict[int, list[_Request]] = {}
         for req in requests:

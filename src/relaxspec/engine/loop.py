@@ -320,7 +320,7 @@ class Engine:
         waits on a shared batch and text work included; not the first at a new K (the draft's
         catch-up, rows still finishing the old K). One cycle in CYCLE_SAMPLE per row: the cycle
         model only prices cells never measured, and every row of a 16-32-row batch taking the
-        policy's locks each step costs ~3 %."""
+        policy's locks each step costs throughput (docs/performance.md §6)."""
         if cycles % CYCLE_SAMPLE == 0:
             adapt.observe_cycle(k, _now(self.device) - started)
 

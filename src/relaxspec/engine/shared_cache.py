@@ -1,6 +1,6 @@
 """One model's KV cache shared by many rows (:class:`SharedCache`), and the requests a
-:class:`~relaxspec.engine.batching.Batcher` step hands it (see that module's doc: per-row validity
-masks and logical positions, rows joining and leaving, compaction)."""
+:class:`~relaxspec.engine.batching.Batcher` step hands it (per-row validity masks and logical
+positions, rows joining and leaving, compaction: see :class:`SharedCache`)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,19 @@ def _layers(cache: DynamicCache):
 
 
 class SharedCache:
-    """One model's KV cache for many rows, with per-row validity masks (see the module doc)."""
+    """One model's KV cache for many rows, with per-row validity masks.
+
+    The shared cache is exact per row without copying caches around:
+
+    - all rows have the same physical length ``T``; each row keeps a validity mask over its ``T``
+      slots and the logical position of each slot;
+    - a forward appends ``L`` slots to every row (``L`` = the longest input of the step); a row
+      with fewer new tokens leaves the rest as holes;
+    - rolling a row back only marks its slots beyond the kept length as holes;
+    - the model sees the validity mask as a 2D attention mask and the logical positions as
+      ``position_ids``, so a row attends exactly to its own committed tokens, in order, as it
+      would alone; holes are compacted away when they outnumber valid slots.
+    """
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model

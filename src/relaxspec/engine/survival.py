@@ -1,22 +1,14 @@
 """Learned survival signals for verifier skipping, and the VS paper's diagnostics.
 
 VS paper §4 (signals), §5 (H1, permutation diagnostic), App. A.7 (predictors); docs/design.md §4.
-
 For a draft block, let ``L`` be the prefix length Strict SDD accepts. Two per-position targets:
-
-- **marginal survival** ``m_j = P(L ≥ j)`` — the prefix gate is ``C_k = min_{j≤k} m_j`` (a
-  prefix survives only if every shorter prefix does; the min keeps ``C`` non-increasing);
-- **conditional survival** ``c_j = P(L ≥ j | L ≥ j−1)`` — ``C_k = Π_{j≤k} c_j``.
-
-Both are the same small MLP on pre-verification drafter features only (the hidden state the token
-was predicted from at its reveal step, plus scalars: confidence, entropy, margin, position, reveal
-step, block length and prefix summaries), trained with BCE on Strict-SDD trajectories collected on
-*training* prompts (``relaxspec train survival``). They plug into
-:class:`relaxspec.engine.schedulers.ConfidenceSkip` as its ``signal``.
-
-Diagnostics (pure functions): :func:`auroc`, :func:`permutation_test` (shuffle scores across blocks
-per position: per-position AUROC/BCE unchanged, feasible prefix lengths collapse) and
-:func:`break_even_skip_length` (K*).
+**marginal survival** ``m_j = P(L ≥ j)``, prefix gate ``C_k = min_{j≤k} m_j``
+(:class:`MarginalSurvival`), and **conditional survival** ``c_j = P(L ≥ j | L ≥ j−1)``,
+``C_k = Π_{j≤k} c_j`` (:class:`ConditionalSurvival`). Both are the same small MLP
+(:class:`SurvivalPredictor`) on pre-verification drafter features only, trained with BCE on
+Strict-SDD trajectories of *training* prompts (``relaxspec train survival``); they plug into
+:class:`relaxspec.engine.schedulers.ConfidenceSkip` as its ``signal``. Diagnostics (pure
+functions): :func:`auroc`, :func:`permutation_test`, :func:`break_even_skip_length` (K*).
 """
 
 from __future__ import annotations
@@ -136,7 +128,11 @@ class SurvivalConfig:
 
 
 class SurvivalPredictor:
-    """The marginal and/or conditional MLPs with their input standardisation."""
+    """The marginal and/or conditional MLPs with their input standardisation.
+
+    Features are pre-verification only: the hidden state the token was predicted from at its
+    reveal step, plus scalars (confidence, entropy, margin, position, reveal step, block length
+    and prefix summaries)."""
 
     def __init__(
         self,

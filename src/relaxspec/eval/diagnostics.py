@@ -1,34 +1,16 @@
 """Diagnostics from the papers, computed from the engine's per-cycle records (docs/design.md §6).
 
-A :class:`Diagnostic` turns the :class:`~relaxspec.engine.loop.CycleRecord` list of one generation into
-*counters* — a JSON-able dict whose numbers add and whose lists concatenate — so that counters of
-many generations (and of resumed benchmark sessions) merge with :func:`merge_counters`; its
-``finalize`` turns merged counters into the reported summary. Everything here is a pure function
-of its inputs; the benchmark collects records with ``Engine.generate(on_cycle=...)`` and keeps
-only references during the timed loop, so the analysis itself runs outside the timing.
+A :class:`Diagnostic` turns the :class:`~relaxspec.engine.loop.CycleRecord` list of one generation
+into *counters* (a JSON-able dict whose numbers add and whose lists concatenate), so counters of
+many generations and resumed sessions merge with :func:`merge_counters`; its ``finalize`` turns
+merged counters into the reported summary. All pure functions; the analysis runs outside timing.
 
-Built in:
-
-- ``rejections`` (NSD §1, §4.4): where do the tokens the strict rule rejects lie in the target
-  distribution — share inside the target nucleus ``N_θ(p)`` and in its top 10; and the tokens a
-  relaxed rule accepted beyond the strict prefix ("extra acceptances"): their rank under ``p``,
-  the share in the nucleus *core* ``N_{core_theta}(p)`` (our reading of the paper's term: the
-  tokens covering the first half of the target's mass), and draft vs target entropy.
-- ``gate_auc`` (ProVe §3.1, Fig. 4; VS App. A.2): AUC of proposer confidence, verifier
-  probability and their product for telling a draft token that matches the verifier's argmax
-  from one that does not, over the positions a sequential gate sees (up to and including the
-  first mismatch of each block) — for draft-model and diffusion methods.
-- ``prove`` (ProVe §3.1, §4.1, App. D) for block-proposer methods: mean AR-matching prefix of the
-  proposals, AR-match rate by depth, non-matching-token rate of the output and the same three
-  AUCs with AR-match against the proposer's own greedy decoding (pure functions of
-  :mod:`relaxspec.eval.prove_diagnostics`).
-- ``vs_permutation`` (VS §5) for diffusion-drafter methods: mean feasible prefix length of raw
-  confidence under τ = 0.9 on the verified blocks, before and after shuffling each position's
-  (score, label) pairs across blocks, and per-position AUROC (pure functions of
-  :mod:`relaxspec.engine.survival`).
-
-Other methods register their own (``register_diagnostic``), e.g. a survival-predictor AUROC or the
-VS permutation diagnostic; the benchmark runs every diagnostic that ``applies`` to a method.
+Built in (registered at the end of this module, each documented at its ``*_counters`` function):
+``rejections`` (NSD §1, §4.4: where strict rejections and extra acceptances lie in ``p``),
+``gate_auc`` (ProVe §3.1 Fig. 4, VS App. A.2: AUC of proposer confidence, verifier probability and
+their product), ``prove`` (ProVe §3.1, §4.1, App. D; :mod:`relaxspec.eval.prove_diagnostics`) and
+``vs_permutation`` (VS §5; :mod:`relaxspec.engine.survival`). Others register with
+:func:`register_diagnostic`; the benchmark runs every diagnostic that ``applies`` to a method.
 """
 
 from __future__ import annotations
@@ -160,10 +142,14 @@ def _verified(records: Sequence[CycleRecord]):
 def rejection_counters(
     records: Sequence[CycleRecord], theta: float = 0.95, core_theta: float = 0.5
 ) -> Counters:
-    """Counters of the NSD rejected-token analysis for one generation (see module docstring).
+    """Counters of the NSD rejected-token analysis for one generation (NSD §1, §4.4).
 
-    ``theta`` is the nucleus the rejected tokens are tested against (the method's own θ where it
-    has one, else the paper's 0.95).
+    Where the tokens the strict rule rejects lie in the target distribution: share inside the
+    target nucleus ``N_θ(p)`` and in its top 10; and the tokens a relaxed rule accepted beyond the
+    strict prefix ("extra acceptances"): their rank under ``p``, the share in the nucleus *core*
+    ``N_{core_theta}(p)`` (our reading of the paper's term: the tokens covering the first half of
+    the target's mass), and draft vs target entropy. ``theta`` is the nucleus the rejected tokens
+    are tested against (the method's own θ where it has one, else the paper's 0.95).
     """
     c: Counters = {
         "strict_rejected": 0,
@@ -237,8 +223,11 @@ def rejection_summary(c: Counters) -> dict[str, Any]:
 def gate_counters(records: Sequence[CycleRecord]) -> Counters:
     """Per-position (confidence, verifier probability, matches verifier argmax) of one generation.
 
-    Only positions up to and including the first mismatch of each block: those a sequential gate
-    decides on. Scores are rounded to 5 decimals to keep stored records small.
+    For the AUC of proposer confidence, verifier probability and their product at telling a draft
+    token that matches the verifier's argmax from one that does not (ProVe §3.1, Fig. 4; VS App.
+    A.2), for draft-model and diffusion methods. Only positions up to and including the first
+    mismatch of each block: those a sequential gate decides on. Scores are rounded to 5 decimals
+    to keep stored records small.
     """
     conf: list[float] = []
     prob: list[float] = []
@@ -270,7 +259,11 @@ def gate_summary(c: Counters) -> dict[str, Any]:
 
 
 def prove_counters(g: Generation) -> Counters:
-    """ProVe §3.1 / §4.1 counters of one generation of a block-proposer method.
+    """ProVe §3.1 / §4.1 / App. D counters of one generation of a block-proposer method.
+
+    Mean AR-matching prefix of the proposals, AR-match rate by depth, non-matching-token rate of
+    the output and the same three AUCs as ``gate_auc`` with AR-match as the label (pure functions
+    of :mod:`relaxspec.eval.prove_diagnostics`).
 
     AR-match is judged against the block model in plain AR mode (the proposer's own greedy
     decoding, ProVe's reference); verifier probabilities come from the verified cycles (for
@@ -348,6 +341,9 @@ def block_counters(records: Sequence[CycleRecord]) -> Counters:
 def permutation_summary(c: Counters, tau: float = 0.9) -> dict[str, Any]:
     """VS §5: feasible prefix length of raw confidence before and after the per-column shuffle.
 
+    Mean feasible prefix length of raw confidence under ``tau`` on the verified blocks, before and
+    after shuffling each position's (score, label) pairs across blocks, and per-position AUROC
+    (pure functions of :mod:`relaxspec.engine.survival`).
     Uses the blocks of the most common length (full blocks; budget-cut ones are shorter).
     """
     from relaxspec.engine.survival import permutation_test, survival_labels

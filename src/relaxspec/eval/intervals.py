@@ -1,31 +1,18 @@
 """Confidence intervals and paired comparisons for quality figures (one implementation).
 
-Every quality figure the benchmark, the report and ``relaxspec eval`` print goes through here:
+Every quality and speed figure the benchmark, the report and ``relaxspec eval`` print goes
+through here (each function's docstring gives its formula and reference):
 
-- :func:`wilson` — Wilson score interval for a proportion ``k`` of ``n`` (Wilson, 1927; recommended
-  over the Wald interval by Brown, Cai & DasGupta, *Interval Estimation for a Binomial Proportion*,
-  Statistical Science 16(2), 2001): exact-match and pass@1 rates, agreement with greedy AR;
-- :func:`wilson_clustered` — the Wilson interval at Kish's effective sample size (Kish, *Survey
-  Sampling*, 1965; Korn & Graubard, Survey Methodology 24(2), 1998) for 0/1 outcomes grouped in
-  clusters, e.g. the seeds of one prompt;
-- :func:`bootstrap_mean` — percentile bootstrap interval for a mean (Efron & Tibshirani, *An
-  Introduction to the Bootstrap*, 1993, ch. 13), optionally resampling whole clusters (all seeds
-  of one prompt together; Davison & Hinkley, *Bootstrap Methods and their Application*, 1997,
-  §3.8), for non-binary figures or prompts × seeds;
-- :func:`mcnemar_exact` — exact McNemar test (McNemar, 1947): a two-sided binomial test of the
-  discordant pairs ``b`` vs ``c`` at p = 1/2;
-- :func:`paired_comparison` — two methods on the same prompts (× seeds): difference of means with
-  a paired bootstrap interval (resampling pairs, or clusters of pairs) and, for binary outcomes,
-  the exact McNemar p-value; :func:`pair_by_key` aligns two per-prompt results on their keys.
-- :func:`speed_ratio` — the speed of one runner over another's timed on the same prompts (×
-  seeds): the ratio of their throughputs (total tokens / total seconds each) with a delete-a-group
-  jackknife interval on the log scale, prompts as the groups (Quenouille, 1956; Tukey, 1958;
-  Efron & Tibshirani, 1993, ch. 11).
+- :func:`wilson` / :func:`wilson_clustered` — Wilson score interval for a proportion (exact-match,
+  pass@1), the latter at Kish's effective sample size for outcomes clustered by prompt;
+- :func:`bootstrap_mean` — percentile bootstrap for a mean, optionally resampling whole clusters;
+- :func:`mcnemar_exact` and :func:`paired_comparison` — two methods on the same prompts (× seeds):
+  paired bootstrap of the difference, exact McNemar p-value for binary outcomes;
+- :func:`speed_ratio` — throughput ratio of two runners with a delete-a-group jackknife on the log.
 
-The bootstrap draws come from a numpy ``Generator`` with a fixed seed and the jackknife draws
-nothing, so every figure is reproducible from the records. Inputs are validated: empty samples,
-mismatched pairs, non-finite values and out-of-range counts raise
-:class:`~relaxspec.errors.RelaxSpecError`.
+Bootstrap draws come from a seeded numpy ``Generator`` (the jackknife draws nothing), so every
+figure is reproducible from the records; bad inputs raise :class:`~relaxspec.errors.RelaxSpecError`.
+How the intervals behave: docs/results.md ("How the speed intervals behave").
 """
 
 from __future__ import annotations

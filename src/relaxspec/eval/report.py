@@ -7,7 +7,7 @@ from. Per dataset and temperature:
 - a table with the seeds pooled (throughput = total tokens / total seconds over all seeds; the
   per-seed speedups' range next to it);
 - ours vs Hugging Face: our ``ar`` against ``generate()``, our ``sd`` against assisted generation
-  with the same draft length (the project's goal: ours ≥ 1.5× HF assisted generation);
+  with the same draft length, against the project's goal (:data:`HF_GOAL`);
 - plots: the speed–quality frontier per method family, quality against verifier calls per token
   (the VS frontier; NSD §4.4's calls per token), τ per runner, per-position acceptance, and a
   sweep plot for every parameter a method was run at more than one value (θ, K, k_min, …);

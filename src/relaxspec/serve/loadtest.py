@@ -389,8 +389,8 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
     }
     walls = {c: dict.fromkeys(methods, 0.0) for c in config.concurrency}
     rates = {c: {m: [] for m in methods} for c in config.concurrency}  # tok/s per repeat (and set)
-    # A server process carries its own offset (measured: two identical `ar` servers 0.955x and
-    # 1.015x at 32 clients), so several sets of fresh processes average it out.
+    # A server process carries its own speed offset (two identical `ar` servers differ: see
+    # docs/performance.md §6), so several sets of fresh processes average it out.
     for server_set in range(config.server_sets):
         with ExitStack() as stack:
             urls = _servers(config, stack)

@@ -1,30 +1,16 @@
 """``relaxspec train block``: fine-tune a causal LM into a MARS block proposer (ProVe §2).
 
 A block proposer is an ordinary decoder-only LM that has also learned to predict the next B tokens
-in one forward pass over ``[last real token, B−1 placeholders]`` (ProVe §2, docs/design.md §4/§5). Training
-feeds every window ``x[0..L)`` twice, as one sequence of length 2L with duplicated position ids:
-
-    input      [ noisy copy  x̃_0 .. x̃_{L−1} | clean copy  x_0 .. x_{L−1} ]
-    positions  [ 0 .. L−1                    | 0 .. L−1                   ]
-
-The window is cut into blocks of B positions, block b = ``[bB, (b+1)B)``. In the noisy copy the
-first token of every block is kept and the other B−1 are replaced by the placeholder ``<|mask|>``
-(:func:`make_noisy`). Attention (:func:`block_attention_mask`):
-
-- a clean token sees the clean tokens up to itself (ordinary causal LM);
-- a noisy token sees the noisy tokens of its own block up to itself, and the clean tokens of
-  strictly earlier blocks.
-
-Logits are shifted right by one as usual: the output at position i predicts token i+1. So noisy
-block b reproduces exactly what the proposer sees at decoding time with context ``x[0..c)``,
-``c = bB+1``: the last real token ``x_{c−1}`` (kept), then placeholders; its B outputs predict
-``x_c .. x_{c+B−1}``, the first of them being the ordinary AR prediction. The loss is
-``CE(noisy) + CE(clean)`` (:func:`block_loss`); the clean AR term keeps next-token quality.
-With B = 1 the noisy copy equals the clean one and the loss is twice the causal-LM loss.
-
-The mask is a 4D float additive mask ``[batch, 1, 2L, 2L]`` (0 = attend, −inf = masked) passed as
-``attention_mask`` with explicit ``position_ids``; transformers 5 hands it to SDPA unchanged, so no
-model fork is needed (tests/test_block.py checks this on a tiny model).
+in one forward over ``[last real token, B−1 placeholders]`` (docs/design.md §4/§5). Training feeds
+every window ``x[0..L)`` twice, as one sequence of length 2L with duplicated position ids
+``[noisy copy x̃_0..x̃_{L−1} | clean copy x_0..x_{L−1}]``: in the noisy copy each block of B keeps
+its first token and masks the rest with ``<|mask|>`` (:func:`make_noisy`); clean tokens are causal,
+a noisy token sees its own block up to itself and the clean tokens of earlier blocks
+(:func:`block_attention_mask`). So noisy block b reproduces what the proposer sees at decoding
+time after ``x[0..bB+1)``; its B outputs predict the next B tokens, the first being the ordinary AR
+prediction. Loss ``CE(noisy) + CE(clean)`` (:func:`block_loss`): the clean term keeps next-token
+quality; with B = 1 it is twice the causal-LM loss. The 4D additive mask goes to SDPA unchanged
+with explicit ``position_ids`` (no model fork; tests/test_block.py). Models: docs/models.md.
 """
 
 from __future__ import annotations

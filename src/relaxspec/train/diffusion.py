@@ -1,26 +1,17 @@
 """``relaxspec train diffusion``: the masked-diffusion drafter (docs/design.md §5; VS paper §3).
 
-Objective (LLaDA / MDLM): for a block of γ tokens, draw ``t ~ U(ε, 1)``, replace each block token
-by ``<|mask|>`` with probability t, and minimise the cross-entropy on the masked positions weighted
-by ``1/t`` (an upper bound on the block's negative log-likelihood). The context (the clean tokens
-before the block) is never masked.
-
-Layout (block-diffusion style, vectorised): every training window ``x[0..T)`` is cut into T/γ
-blocks and each block is one diffusion problem conditioned on the clean tokens before it. The model
-reads ``[clean x | noisy x]`` (2T tokens, explicit position ids ``0..T-1`` twice) under the mask of
-:func:`relaxspec.engine.proposers.diffusion.attention_bias`: clean tokens are causal; a noisy block slot
-sees the clean tokens *before its block* and every slot of its own block. This is exactly what the
-drafter sees at inference (cached causal context + one bidirectional block), so one forward trains
-all T/γ blocks at once.
-
-Predictions use the logit shift of :mod:`relaxspec.engine.proposers.diffusion`: the first token of a block
-comes from the clean causal hidden state before it (trained by the AR term, weight ``ar_weight``),
-token j ≥ 2 of a block from noisy slot j − 1 (the diffusion term).
-
-Initialisation (``init``): ``target`` — embeddings, the first ``layers`` decoder layers, the final
-norm and the (tied) head of the bundled target; ``draft`` — the whole bundled draft; ``scratch`` —
-random weights of an AR preset shape. Adapting AR weights is what published diffusion coders do
-and saves most of the CPU budget.
+Objective (LLaDA / MDLM): for a block of γ tokens, draw ``t ~ U(ε, 1)``, mask each block token
+with probability t, and minimise the cross-entropy on the masked positions weighted by ``1/t`` (an
+upper bound on the block's negative log-likelihood); the context before the block stays clean.
+Layout (block diffusion, vectorised): the model reads ``[clean x | noisy x]`` (position ids
+``0..T-1`` twice) under :func:`relaxspec.engine.proposers.diffusion.attention_bias`: clean tokens
+are causal, a noisy slot sees the clean tokens before its block and its whole block, exactly what
+the drafter sees at inference, so one forward trains all T/γ blocks. With the drafter's logit
+shift, a block's first token comes from the clean hidden state before it (the AR term,
+``ar_weight``), token j ≥ 2 from noisy slot j − 1 (the diffusion term). Initialisation (``init``):
+``target`` (embeddings, the first ``layers`` decoder layers, final norm and tied head of the
+bundled target), ``draft`` (the whole bundled draft) or ``scratch``; adapting AR weights is what
+published diffusion coders do. Models and their figures: docs/models.md.
 """
 
 from __future__ import annotations

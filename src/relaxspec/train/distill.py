@@ -1,21 +1,13 @@
 """``relaxspec train distill``: align a drafter with its target by knowledge distillation.
 
-Speculative decoding accepts a drafted token when the target would have produced it, so a drafter
-is judged by agreement with its target, not by its own quality. DistillSpec (Zhou et al., 2024)
-shows that training the drafter on *the target's own outputs* with the target's full distribution
-as soft labels raises the acceptance rate more than more pre-training does. This module does that
-in two steps, both resumable:
-
-1. :func:`build_distill_data` — prompts from the training split of the corpus, in the shapes the
-   benchmarks use (a function signature and docstring from the stdlib training modules, as
-   HumanEval prompts are; a math question ending in ``Answer:``), continued greedily by the
-   teacher. Rows are appended to a JSONL file batch by batch, so an interrupted build resumes.
-2. :func:`train_distill` — the student (initialised from an existing drafter) minimises the
-   forward KL ``KL(p_teacher || p_student)`` at every position of those rows, mixed with plain
-   corpus windows (also with soft labels) so it does not forget the data the rows do not cover.
-   It reuses the shared loop (:func:`relaxspec.train.loop.train`): checkpoints, resume, bf16.
-
-Held-out rows (every 20th) give the figure that predicts τ: top-1 agreement of student and teacher.
+A drafter is judged by agreement with its target, not by its own quality. DistillSpec (Zhou et
+al., 2024) trains the drafter on *the target's own outputs* with the target's full distribution as
+soft labels. Two resumable steps: :func:`build_distill_data` (prompts from the corpus's training
+split in the benchmarks' shapes, continued greedily by the teacher, appended batch by batch) and
+:func:`train_distill` (the student minimises ``KL(p_teacher || p_student)`` at every position,
+mixed with plain corpus windows so it does not forget; the shared loop
+:func:`relaxspec.train.loop.train`). Held-out rows (every 20th) give the figure that predicts τ:
+top-1 agreement of student and teacher. Models and figures: docs/models.md ("Distillation").
 """
 
 from __future__ import annotations
@@ -163,6 +155,10 @@ def build_distill_data(
     progress: bool = True,
 ) -> Path:
     """Write ``{"source", "ids", "prompt_len"}`` rows of teacher continuations to ``out_path``.
+
+    Prompts come from the corpus's training split in the shapes the benchmarks use: a function
+    signature and docstring from the stdlib training modules (as HumanEval prompts are) and a
+    math question ending in ``Answer:``; the teacher continues them greedily.
 
     Prompts longer than ``max_prompt_tokens`` are dropped (HumanEval prompts are shorter) and the
     rest are generated in order of length, so a batch wastes little compute on padding. Appends

@@ -2,31 +2,16 @@
 
 A task is HumanEval-shaped: the prompt is a function signature and docstring, the model writes the
 body, and the task's unit tests (``def check(candidate): assert ...``) decide pass@1 in the
-sandbox (:func:`relaxspec.eval.sandbox.check_completion`)::
-
-    def sum_evens(nums: list[int]) -> int:
-        \"\"\"Return the sum of the even numbers in nums.
-
-        >>> sum_evens([3, 8, 2, 5])
-        10
-        \"\"\"
-        return sum(x for x in nums if x % 2 == 0)
-
-Two generations, one module each:
+sandbox (:func:`relaxspec.eval.sandbox.check_completion`); :mod:`.task` shows one and the
+training document. Two generations, one module each:
 
 - **families** (version 1; :mod:`.ints`, :mod:`.lists`, :mod:`.strings`, :mod:`.dicts`, splits in
-  :mod:`.families`): small functions whose canonical bodies are 1–6 lines. Each family draws, from
-  one integer seed, its function name, argument names, docstring phrasing, constants, whether the
-  signature is annotated, zero to two docstring examples and five or six test inputs. Expected
-  outputs come from a reference implementation written apart from the body template, so "every
-  canonical body passes its own tests" checks the two against each other;
+  :mod:`.families`): small functions whose canonical bodies are 1–6 lines, drawn from one seed;
 - **pipelines** (version 2; :mod:`.pieces`, :mod:`.pipelines`): a filter, a map and an aggregator
   composed over a list of integers or the words of a string, with held-out *combinations*.
 
-The training document is ``prompt + solution``; the solution starts with ``"\\n    "`` (the prompt
-ends at the closing quotes, as the HumanEval prompts do in :mod:`relaxspec.eval.datasets`) and
-ends at the last line of the body, where the next document's ``<|endoftext|>`` follows.
 Adding or changing a family changes which task a seed gives: :data:`GENERATOR_VERSION` says which.
+The tasks and the models trained on them: docs/models.md ("Synthetic code tasks").
 """
 
 from relaxspec.data.codegen.families import (

@@ -8,6 +8,11 @@
 - **held-out families** — :data:`HELDOUT_FAMILIES`, never generated for training. Each has close
   training relatives (``sum_odds`` next to ``sum_evens`` and ``count_odds``, ``running_min`` next
   to ``running_max``), so it measures composition of learned pieces, not new knowledge.
+
+Each family draws, from one integer seed, its function name, argument names, docstring phrasing,
+constants, whether the signature is annotated, zero to two docstring examples and five or six test
+inputs. Expected outputs come from a reference implementation written apart from the body
+template, so "every canonical body passes its own tests" checks the two against each other.
 """
 
 from __future__ import annotations

@@ -1,5 +1,18 @@
 """A code task, the family registry and the renderer both generations share (signature,
-docstring with examples, ``check`` tests), and the held-out-spec bucket."""
+docstring with examples, ``check`` tests), and the held-out-spec bucket. A task::
+
+    def sum_evens(nums: list[int]) -> int:
+        \"\"\"Return the sum of the even numbers in nums.
+
+        >>> sum_evens([3, 8, 2, 5])
+        10
+        \"\"\"
+        return sum(x for x in nums if x % 2 == 0)
+
+The training document is ``prompt + solution``; the solution starts with ``"\\n    "`` (the prompt
+ends at the closing quotes, as the HumanEval prompts do in :mod:`relaxspec.eval.datasets`) and
+ends at the last line of the body, where the next document's ``<|endoftext|>`` follows.
+"""
 
 from __future__ import annotations
 

@@ -1,29 +1,16 @@
 """Synthetic grade-school math word problems with step-by-step solutions (docs/design.md §5).
 
 Every problem is generated from one integer seed by ``random.Random(seed)``, so the corpus is
-reproducible on any machine and the training and evaluation sets are simply disjoint seed ranges.
+reproducible anywhere and training and evaluation sets are disjoint seed ranges. A problem is a
+short story over arithmetic steps on whole numbers; its solution writes one equation per line and
+ends with ``#### <answer>``; prompts end with ``"\\nAnswer:"`` (an example: :mod:`.original`).
 
-A problem is a short story over 2–5 arithmetic steps (addition, subtraction, multiplication,
-exact division) on whole numbers up to three digits, sometimes with a distractor sentence whose
-number plays no part. The solution writes one equation per line and ends with ``#### <answer>``::
-
-    Question: Lena has 124 shells. She finds 3 bags with 15 shells in each. ...
-    Answer:
-    Shells found: 3 * 15 = 45
-    Shells now: 124 + 45 = 169
-    #### 169
-
-Prompts end with ``"\\nAnswer:"``; the model continues with the solution lines. Several story
-families (an inventory that changes, a shopping bill with change, work at a rate, people compared
-to one another, batches packed into boxes) with varied names, objects, units and verbs keep a small
-model from memorising one template, so accuracy depends on model size.
-
-Three generations, one module each: the **original generator** (:mod:`.original`: those five
+Three generations, one module each: the **original generator** (:mod:`.original`: five story
 families, 2–5 steps; its problems stay byte-identical), the **broadened generator**
 (:mod:`.families`: 1–6 steps, 20 more story families in :mod:`.stories` and
 :mod:`.heldout_stories`, held-out seeds and held-out scenario families) and **phrasing styles**
 (:mod:`.phrasing`): the training scenarios' stories in six styles, with one (scenario, style)
-pair per scenario held out. Vocabulary tables live in :mod:`.words`.
+pair per scenario held out. Vocabulary tables live in :mod:`.words`. Models: docs/models.md.
 """
 
 from relaxspec.data.mathgen.families import (

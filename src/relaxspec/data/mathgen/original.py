@@ -1,5 +1,20 @@
 """The original generator: five story families, 2–5 steps (docs/design.md §5). Its problems are
-pinned byte-for-byte: figures in the docs were measured on them."""
+pinned byte-for-byte: figures in the docs were measured on them.
+
+A problem is a short story over 2–5 arithmetic steps (addition, subtraction, multiplication,
+exact division) on whole numbers up to three digits, sometimes with a distractor sentence whose
+number plays no part. The solution writes one equation per line and ends with ``#### <answer>``::
+
+    Question: Lena has 124 shells. She finds 3 bags with 15 shells in each. ...
+    Answer:
+    Shells found: 3 * 15 = 45
+    Shells now: 124 + 45 = 169
+    #### 169
+
+The families (an inventory that changes, a shopping bill with change, work at a rate, people
+compared to one another, batches packed into boxes) with varied names, objects, units and verbs
+keep a small model from memorising one template, so accuracy depends on model size.
+"""
 
 from __future__ import annotations
 

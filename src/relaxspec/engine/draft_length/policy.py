@@ -1,30 +1,11 @@
 """The policy (:class:`GoodputDraftLength`) and its knobs (:class:`DraftLengthSettings`).
 
-What decides between AR and drafting is measured, not predicted, as evidence comes in:
-committed tokens per row-second over whole decision windows (:class:`WindowRates`), one cell for
-AR and one for drafting per batch-size bucket (the prediction only picks *which* K drafts, and
-shapes the goodput over K). AR is measured first at each batch size; drafting's advantage over it
-is the windows' ratio blended with the predicted ratio by evidence (``prior_seconds`` for the
-prediction against the seconds of windows behind the measurement); drafting must beat AR by
-``draft_margin`` and is credited with no more than smaller batches measured
-(:meth:`GoodputDraftLength._smaller_batch_advantage`). Time the batch spent prefilling joining
-rows is left out of the windows: it is the same at every K.
-
-One choice holds for every row for ``decision_seconds`` (or until the batch size changes bucket),
-so the rows of a lockstep batch draft alike. From K = 0, a batch size must hold for
-``entry_seconds`` before it may start drafting (the switch costs a catch-up of the draft model on
-every row; dips of the batch size as rows leave in waves last less than that). A policy that stays
-on one side sees only that side's costs: after ``probe_interval`` seconds at K = 0 it drafts
-anyway (its best K > 0) for a ``probe_window``, so that α and the cycle costs of K > 0 keep
-tracking the workload, and after as long drafting it runs AR steps for a window, so that the AR
-baseline does too (it is measured first, while a batch fills and every step also prefills joining
-rows, which makes AR look slower than it runs in steady state). A probe after which the choice
-stays on its side doubles the interval (up to ``max_probe_backoff`` ×); a change of side resets
-it. While drafting's measured advantage is marginal (under ``marginal_advantage``), AR is probed
-every ``marginal_probe_interval`` seconds instead, so that both sides carry comparable evidence.
-Probes are windows of time, not every n-th choice, so that all rows of a lockstep batch probe
-together: one drafting row would make the others' AR steps wait for it and make AR look as slow as
-speculation.
+What decides between AR and drafting is measured as evidence comes in: committed tokens per
+row-second over whole decision windows (:class:`~relaxspec.engine.draft_length.windows.WindowRates`),
+one cell for AR and one for drafting per batch-size bucket; the prediction of
+:mod:`relaxspec.engine.draft_length` only picks *which* K drafts. How a choice holds, when the
+policy probes the other side and how evidence is blended: :class:`GoodputDraftLength`. Measured
+behaviour: docs/performance.md §6.
 """
 
 from __future__ import annotations
@@ -112,14 +93,15 @@ def best_draft_length(
     rates: Sequence[float], k_max: int, seconds: Callable[[int], float]
 ) -> tuple[int, list[float]]:
     """``(K*, goodput per K)``: expected tokens per second for K = 0 .. k_max, where
-    ``seconds(K)`` is the time of one cycle at draft length K (module doc)."""
+    ``seconds(K)`` is the time of one cycle at draft length K (:mod:`relaxspec.engine.draft_length`)."""
     goodput = [expected_tokens(rates, k) / seconds(k) for k in range(k_max + 1)]
     return int(np.argmax(goodput)), goodput
 
 
 @dataclass(frozen=True)
 class DraftLengthSettings:
-    """The policy's knobs (module doc): how long a choice holds, when to probe, what evidence decides."""
+    """The policy's knobs (:class:`GoodputDraftLength`): how long a choice holds, when to probe,
+    what evidence decides."""
 
     decision_seconds: float = 2.0  # how long one choice of K holds for every row
     probe_interval: float = 10.0  # seconds at K = 0 before a probe
@@ -148,6 +130,29 @@ class GoodputDraftLength:
     no request running at all), which no window counts. The knobs are ``settings``
     (:class:`DraftLengthSettings`), or any of its fields passed by name. One instance is shared by
     the requests of one method, so acceptance is learned across them.
+
+    Evidence. AR is measured first at each batch size; drafting's advantage over it is the
+    windows' ratio blended with the predicted ratio by evidence (``prior_seconds`` for the
+    prediction against the seconds of windows behind the measurement); drafting must beat AR by
+    ``draft_margin`` and is credited with no more than smaller batches measured
+    (:meth:`_smaller_batch_advantage`). Time the batch spent prefilling joining rows is left out of
+    the windows: it is the same at every K.
+
+    Holding and probing. One choice holds for every row for ``decision_seconds`` (or until the
+    batch size changes bucket), so the rows of a lockstep batch draft alike. From K = 0, a batch
+    size must hold for ``entry_seconds`` before it may start drafting (the switch costs a catch-up
+    of the draft model on every row; dips of the batch size as rows leave in waves last less than
+    that). A policy that stays on one side sees only that side's costs: after ``probe_interval``
+    seconds at K = 0 it drafts anyway (its best K > 0) for a ``probe_window``, so that α and the
+    cycle costs of K > 0 keep tracking the workload, and after as long drafting it runs AR steps
+    for a window, so that the AR baseline does too (it is measured first, while a batch fills and
+    every step also prefills joining rows, which makes AR look slower than it runs in steady
+    state). A probe after which the choice stays on its side doubles the interval (up to
+    ``max_probe_backoff`` times); a change of side resets it. While drafting's measured advantage
+    is marginal (under ``marginal_advantage``), AR is probed every ``marginal_probe_interval``
+    seconds instead, so that both sides carry comparable evidence. Probes are windows of time, not
+    every n-th choice, so that all rows of a lockstep batch probe together: one drafting row would
+    make the others' AR steps wait for it and make AR look as slow as speculation.
     """
 
     def __init__(
@@ -229,8 +234,8 @@ class GoodputDraftLength:
         advantage = self._smaller_batch_advantage(bucket)  # what smaller batches credit drafting with
         goodput = self._goodputs(rows, bucket, advantage)
         best_drafting = 1 + int(np.argmax(goodput[1:]))
-        # drafting must clearly beat AR: measured windows scatter by ~10 % under request churn,
-        # and a prediction is no better than its cost model
+        # drafting must clearly beat AR: measured windows scatter under request churn
+        # (docs/performance.md §6), and a prediction is no better than its cost model
         k = best_drafting if goodput[best_drafting] >= (1 + self.settings.draft_margin) * goodput[0] else 0
         if not self._established(bucket, 0):
             k = 0  # measure the AR baseline of this batch size first: drafting is compared to it
@@ -329,7 +334,7 @@ class GoodputDraftLength:
         return self.windows.evidence(bucket, k) >= self.settings.min_evidence_seconds
 
     def _goodputs(self, rows: int, bucket: int, advantage: float | None) -> list[float]:
-        """Tokens per row-second for K = 0 .. k_max in this bucket (module doc).
+        """Tokens per row-second for K = 0 .. k_max in this bucket (class doc, "Evidence").
 
         The shape over K is predicted from acceptance and the cycle costs. AR's level is its
         windows' once established; drafting's advantage over AR blends the windows' ratio with the
@@ -393,9 +398,10 @@ class GoodputDraftLength:
 
         The advantage measured in the nearest smaller bucket, carried on along half its measured
         trend: where the next smaller measured bucket had a larger advantage, it shrinks by the
-        square root of that factor per doubling of rows (the load test measures 1.8×, 1.6×, 1.3×,
-        1.2×, 1.0×, 0.9× AR at 1–32 rows; half the slope, because each window's ratio scatters by
-        ~10 % and a full extrapolation of two noisy ratios cut a real 1.2× gain at 8 rows)."""
+        square root of that factor per doubling of rows. Speculation gains less the more rows
+        share a step; half the slope because each window's ratio is noisy, and a full
+        extrapolation of two noisy ratios cut a real gain (docs/performance.md §6, "The batch
+        verifies whole again")."""
         measured = [(b, a) for b in range(bucket - 1, -1, -1) if (a := self._advantage(b)) is not None]
         if not measured:
             return None
@@ -410,7 +416,7 @@ class GoodputDraftLength:
         self._probe_until, self._probed = now + self.settings.probe_window, True
 
     def predicted_seconds(self, rows: int, k: int) -> float:
-        """``T(K, B)`` from the forward costs alone (module doc)."""
+        """``T(K, B)`` from the forward costs alone (:mod:`relaxspec.engine.draft_length`)."""
         return self.target_costs(rows * (k + 1)) + k * self.draft_costs(rows)
 
     def observe(self, proposed: int, accepted: int) -> None:

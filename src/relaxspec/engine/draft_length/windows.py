@@ -20,7 +20,7 @@ class WindowRates:
     decision windows, pool-wide. The sides are AR (K = 0) and drafting (any K > 0, the K the
     prediction picked at the time): comparing one drafting cell with AR, rather than the best of
     ``k_max`` noisy cells, keeps the comparison free of the winner's curse (the largest of several
-    noisy ratios is biased high: measured, a K = 6 cell at 1.8x AR from one short window).
+    noisy ratios is biased high; docs/performance.md §6 shows a K = 6 cell that won so).
 
     A window is the time one decision (K for every row of a bucket) held, less its first
     ``settle_seconds`` after a change of K and less the time the batch spent prefilling joining

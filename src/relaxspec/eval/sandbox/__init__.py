@@ -1,63 +1,15 @@
 """Run untrusted Python (model-written code) in a contained subprocess, for HumanEval pass@1.
 
-**The boundary** (``isolation == "namespaces"``, used wherever the kernel allows it):
-
-- the program runs in its own user, PID, mount, network, IPC and UTS namespaces, as an
-  unprivileged uid (65534 inside; ``nobody`` outside when we are root, else our own uid) with no
-  capabilities, ``no_new_privs`` set, and no way to create further user namespaces;
-- its filesystem is a fresh root holding only read-only, ``nosuid`` bind mounts of the system
-  directories and the interpreter (``/usr``, ``/etc``, ``/lib*``, ``sys.base_prefix``, a few
-  ``/dev`` nodes) plus one writable, ``noexec`` tmpfs at ``/tmp`` whose size caps the total bytes
-  the program can write (:attr:`Limits.disk_mb`); no ``/proc``, no host ``/tmp``, no repository;
-- the network namespace is empty (no interface, no route), and abstract unix sockets and SysV
-  IPC are namespaced too; the host's processes are not visible (own PID namespace), so they can be
-  neither signalled nor traced;
-- the program is PID 1 of its namespace: when it exits or is killed at the timeout (from outside,
-  through a pidfd, and by a watchdog in the launcher), the kernel kills every process it forked,
-  ``setsid`` or not, before :func:`run_python` returns;
-- resource limits: address space, CPU seconds, file size (also caps stdout / stderr), one process,
-  open files, no core dumps.
-
-Where user namespaces are unavailable (e.g. a container whose seccomp policy forbids them) the run
-falls back to ``isolation == "guard-only"`` (and says so in every :class:`ExecResult`, in the
-benchmark records and in the report): only the in-interpreter guard below, plus the resource
-limits and a process group. That is a guard against mistakes and casual attempts, *not* a
-security boundary, and pass@1 measured so is marked untrusted. As root it runs the program as
-``nobody`` and checks that the drop took (a probe must see uid and gid 65534); where it cannot
-(e.g. the interpreter sits under a 0700 home), it refuses to run rather than run untrusted code as
-root. ``RELAXSPEC_SANDBOX=namespaces`` makes the fallback an error instead;
-``RELAXSPEC_SANDBOX=guard-only`` forces it.
-
-**The verdict never lives in the untrusted interpreter.** For a HumanEval problem a trusted
-checker process outside the sandbox (``checker.py``) builds the problem's tests (with the prompt's
-helpers before the entry point, so a prompt without a docstring works) and calls
-``check(candidate)`` with a proxy: each call sends the arguments, as plain data, to the sandboxed
-program, which calls the completion's function and sends the result back serialised as plain
-built-in data (``wire.py``: exact ``int``, ``float``, ``str``, ``list``, ``tuple``, ``dict``,
-``set``, ...; anything else, an oversized, malformed or missing reply fails). The sandboxed side
-holds no secret (no nonce) and never sees the tests' source; whatever it does, including exiting
-early, printing, redefining ``check``, monkeypatching modules or returning an object whose
-``__eq__`` always answers ``True``, it can only choose the values it returns. The verdict is
-``passed`` only if ``check`` returned in the checker.
-
-**Defence in depth, inside the interpreter** (both modes; ``harness.py``): before any untrusted
-code, the harness removes what CPython 3.11 does not audit and that acts outside
-(``os.pidfd_open``, ``signal.pidfd_send_signal``, ``os.mknod``, ``os.mkfifo``, ``os.chroot``,
-``os.setpriority``, ``os.sched_set*``, ``gc.set_debug``) and every way to be handed a frame or to
-run code asynchronously (signal handlers, timers, ``faulthandler``), then installs an audit hook
-whose state nothing the program can reach refers to. It refuses frames (``sys._getframe``,
-``tb_frame``, ``gi_frame``, ...), ``gc`` introspection, tracing, crafted code objects and
-``marshal``, another audit hook, ``ctypes``, ``_posixsubprocess``, ``subprocess``,
-``multiprocessing``, ``sqlite3``, a second copy of an already loaded built-in module, native code
-from outside the interpreter's own directories, process creation, signals, sockets, ``/proc``,
-device nodes other than ``/dev/null``, ``zero``, ``full``, ``random`` and ``urandom``, chmod /
-chown / links / ``utime``, and any write, delete, rename or directory descriptor outside the
-working directory, and more than :data:`MAX_CREATED` new files (guard-only, with no tmpfs to cap
-the total: :data:`GUARD_ONLY_FILES` files of at most ``disk_mb / GUARD_ONLY_FILES`` each).
-
-Files: ``runner.py`` (one run: processes, pipes, verdict), ``namespaces.py`` (the namespace
-mode), and the programs it starts, each a module read with :mod:`importlib.resources`:
-``launcher.py``, ``harness.py`` (sandboxed), ``checker.py`` (trusted), ``wire.py`` (the codec).
+:func:`run_python` runs a program; :func:`check_completion` scores a completion against a
+problem's tests. The boundary (``isolation == "namespaces"``): own user, PID, mount, network, IPC
+and UTS namespaces, an unprivileged uid, a read-only root plus one size-capped ``noexec`` tmpfs,
+resource limits, every forked process killed at exit. Where user namespaces are unavailable it
+falls back to ``"guard-only"`` (an in-interpreter guard, *not* a boundary; marked untrusted
+everywhere); ``RELAXSPEC_SANDBOX=namespaces`` makes that an error, ``=guard-only`` forces it. The
+verdict is reached by a trusted checker outside the sandbox (``checker.py``), from plain data
+(``wire.py``). Files: ``runner.py`` (one run), ``namespaces.py``, and the programs it starts,
+read with :mod:`importlib.resources`: ``launcher.py``, ``harness.py``, ``checker.py``, ``wire.py``.
+The full security model: docs/sandbox.md.
 """
 
 from __future__ import annotations
