@@ -371,7 +371,9 @@ def fitting_examples(examples: dict[str, list[Example]], models: ModelSet) -> di
     Every cell then sees the same prompts (a prompt too long for the context would otherwise fail
     in some cells only). Says on stderr what it dropped; no prompt left is an error.
     """
-    lms = [m for m in (models.target, models.draft, models.block) if m is not None]
+    lms = [
+        m for m in (models.target, models.draft, models.block) if getattr(m, "tokenizer", None) is not None
+    ]
     if not lms:
         return examples
     context = min(m.context_length for m in lms)

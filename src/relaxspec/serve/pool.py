@@ -101,7 +101,7 @@ class ServingPool:
         self._check_method_models(default_method)
         if adaptive_k:  # measure while the server is idle, not beside the first requests
             for loaded in (models.target, models.draft):
-                if loaded is not None:
+                if getattr(loaded, "model", None) is not None:  # an EAGLE head has no model of its own
                     self._costs(loaded.model)
 
     def _rows_per_step(self) -> int:
