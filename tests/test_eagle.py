@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,14 +57,14 @@ def target_windows(target: torch.nn.Module, n: int, length: int, seed: int) -> t
     return ids
 
 
-def trained_head(target: torch.nn.Module, steps: int = 80) -> EagleHead:
+def trained_head(target: torch.nn.Module, out_dir: Path, steps: int = 80) -> EagleHead:
     """A head trained a few seconds with the real objective on the target's own samples."""
     target.requires_grad_(False)
     data = target_windows(target, 16 * 8, 24, seed=0)
     torch.manual_seed(0)
     head = EagleHead(head_config(target))
     config = TrainConfig(
-        out_dir="unused",
+        out_dir=str(out_dir),
         steps=steps,
         batch_size=16,
         seq_len=24,
@@ -96,8 +97,8 @@ def eagle_target(tok) -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
-def head(eagle_target) -> EagleHead:
-    return trained_head(eagle_target.model)
+def head(eagle_target, tmp_path_factory) -> EagleHead:
+    return trained_head(eagle_target.model, tmp_path_factory.mktemp("eagle-run"))
 
 
 def eagle_engine(target: LoadedModel, head: EagleHead, k: int = 4) -> Engine:

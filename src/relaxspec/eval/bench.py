@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.packed import kernels_of
+from relaxspec.engine.proposers.eagle import is_eagle_dir
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import diagnostics
 from relaxspec.eval.datasets import Example, load_examples
@@ -243,6 +244,8 @@ def plan(config: BenchConfig) -> list[Cell]:
     )
     if config.peers is None:  # default peers: only those whose models exist
         have = {r for r in ("target", "draft") if Path(config.models.get(r) or bundled(r)).exists()}
+        if is_eagle_dir(config.models.get("draft") or bundled("draft")):
+            have.discard("draft")  # HF's assisted generation needs a causal LM, not an EAGLE head
         cells = [c for c in cells if not is_peer(c.method) or set(runner_needs(c.method)) <= have]
     return cells
 
