@@ -314,6 +314,18 @@ def test_the_cli_generates_with_a_head_as_draft(dirs, cli):
     assert len(out["tokens"]) == 8 and out["stats"]["tau"] > 1
 
 
+def test_the_server_pool_runs_eagle_requests_beside_the_batch(dirs):
+    from relaxspec.serve.pool import ServingPool
+
+    models = load_models("sd", {"target": dirs / "target", "draft": dirs / "head"}, kernels="hf")
+    pool = ServingPool(models, default_method="sd", default_params={"k": 3}, batching=True)
+    ar = Engine(models.target.model, models.target.tokenizer)
+    for prompt in PROMPTS[:3]:
+        result = pool.submit(prompt, GREEDY)
+        assert result.tokens == ar.generate(prompt, GREEDY).tokens
+        assert result.stats.draft_calls > 0
+
+
 def test_corrupt_head_directories_fail_clearly(dirs, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

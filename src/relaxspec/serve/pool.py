@@ -26,6 +26,7 @@ from relaxspec.engine.batching import Batcher
 from relaxspec.engine.draft_length import GoodputDraftLength, LiveStepCosts, measure_step_costs, needs_fixed_k
 from relaxspec.engine.kv import observe_forwards
 from relaxspec.engine.proposers import DraftModel
+from relaxspec.engine.proposers.eagle import LoadedEagle
 from relaxspec.errors import Cancelled, RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
 
@@ -218,7 +219,10 @@ class ServingPool:
         cancel: threading.Event | None,
     ) -> GenerationResult:
         method, params = self.resolve(method, method_params)
-        if self.batcher is not None:
+        # An EAGLE head reads the verifier's hidden states, which the shared batched cache does not
+        # keep: such a request runs in an engine of its own, beside the batch.
+        eagle = isinstance(self.models.draft, LoadedEagle) and "draft" in get_method(method).needs
+        if self.batcher is not None and not eagle:
             with self.batcher.building() as rows:
                 engine = build_engine(method, self.models, **params)
         else:
