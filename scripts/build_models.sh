@@ -70,6 +70,12 @@ done_ models/diffusion || {
 }
 done_ models/survival || relaxspec train survival --n-math 120 --n-code 30
 
+# 5. EAGLE-style head on the target's hidden states (issue 34; not bundled yet, docs/models.md:
+#    400 steps took 34 min and matched the draft's τ). It is tied to the target it was trained on
+#    (config.json records its fingerprint): rebuild it whenever the target changes.
+done_ models/eagle || relaxspec train eagle --target models/target --steps 400 --seq-len 128 \
+  --batch-size 8 --lr 2e-3 --set warmup=10 --set eval_every=50
+
 # measured figures for the cards (docs/models.md has the commands behind each recorded figure)
 relaxspec eval --model models/target --out results/eval/target.json
 relaxspec eval --model models/draft --out results/eval/draft.json

@@ -36,7 +36,9 @@ app.add_typer(train_app, name="train")
 TargetOpt = Annotated[
     Path | None, typer.Option(help="target model directory (default: bundled models/target)")
 ]
-DraftOpt = Annotated[Path | None, typer.Option(help="draft model directory (default: bundled models/draft)")]
+DraftOpt = Annotated[
+    Path | None, typer.Option(help="draft model or EAGLE head directory (default: bundled models/draft)")
+]
 MaxMinutesOpt = Annotated[
     float | None, typer.Option(help="stop at a checkpoint after this long; rerun to resume")
 ]
@@ -106,7 +108,7 @@ def _configure_threads(threads: int | None, engine: str) -> None:
 METHOD_FLAGS: dict[str, tuple[type, str]] = {p.name: (p.kind, p.help) for p in params_mod.METHOD_FLAGS}
 MODEL_HELP = {
     "target": "target model directory",
-    "draft": "draft model directory (also ProVe's small verifier)",
+    "draft": "draft model or EAGLE head directory (a causal LM is also ProVe's small verifier)",
     "block": "block proposer directory (mars, prove, prove-lossless)",
     "diffusion": "diffusion drafter directory (sdd*)",
     "survival": "survival predictor directory (sdd-skip signal=marginal|conditional)",
@@ -571,6 +573,40 @@ def train_block_cmd(
         run_dir,
         export,
         block_size=block_size,
+        overrides=overrides,
+        mixture=_parse_mixture(mixture) if mixture is not None else None,
+    )
+    print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
+
+
+@train_app.command("eagle")
+def train_eagle_cmd(
+    target: TargetOpt = None,
+    corpus: Path = Path("data/corpus"),
+    run_dir: Annotated[Path, typer.Option(help="checkpoints (resumed if present)")] = Path("runs/eagle"),
+    export: Annotated[Path, typer.Option(help="head directory (usable as --draft)")] = Path("models/eagle"),
+    steps: int | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    lr: float | None = None,
+    max_minutes: MaxMinutesOpt = None,
+    mixture: MixtureOpt = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="training option name=value (also noise, cls_weight of the objective)"),
+    ] = None,
+) -> None:
+    """Train (or resume) an EAGLE-style head on the target's hidden states; export it with a model card."""
+    from relaxspec.train.eagle import train_eagle
+
+    overrides = _training_overrides(
+        set_, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, max_minutes=max_minutes
+    )
+    _, state = train_eagle(
+        _model_dir(target, "target"),
+        corpus,
+        run_dir,
+        export,
         overrides=overrides,
         mixture=_parse_mixture(mixture) if mixture is not None else None,
     )

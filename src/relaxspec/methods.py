@@ -33,6 +33,7 @@ from relaxspec.engine.proposers.block import (
 )
 from relaxspec.engine.proposers.diffusion import REVEAL_ORDERS, DiffusionProposer, load_diffusion
 from relaxspec.engine.proposers.draft_model import DraftModel
+from relaxspec.engine.proposers.eagle import EagleProposer, LoadedEagle, is_eagle_dir, load_eagle
 from relaxspec.engine.schedulers import ConfidenceSkip, Periodic, RawConfidence, Scheduler, Signal, Strict
 from relaxspec.engine.survival import ConditionalSurvival, MarginalSurvival, SurvivalPredictor
 from relaxspec.errors import RelaxSpecError, check_choice, check_int, is_int
@@ -143,6 +144,16 @@ RULE_PROPOSER = Param(
 )
 
 
+def draft_proposer(target: LoadedModel, draft: LoadedModel | LoadedEagle) -> DraftModel | EagleProposer:
+    """What ``--draft`` proposes with: a draft model, or an EAGLE head drafting from the target's
+    hidden states (checked against the target it was trained for)."""
+    if isinstance(draft, LoadedEagle):
+        return EagleProposer(draft.head, target.model, draft.target)
+    check_compatible(target.model, draft.model, "draft")
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, "draft")
+    return DraftModel(draft.model)
+
+
 def draft_model_method(
     name: str,
     summary: str,
@@ -155,13 +166,11 @@ def draft_model_method(
 
     def build(models: ModelSet, p: Params) -> Engine:
         target, draft = models.require("target", name), models.require("draft", name)
-        check_compatible(target.model, draft.model, "draft")
-        check_same_tokenizer(target.tokenizer, draft.tokenizer, "draft")
         sampling, greedy = rule.pair(p)
         return Engine(
             target.model,
             target.tokenizer,
-            proposer=DraftModel(draft.model),
+            proposer=draft_proposer(target, draft),
             rule=sampling,
             greedy_rule=None if sampling_only else greedy,
             k=p.k,
@@ -299,8 +308,13 @@ def _validate_mars(p: Params) -> None:
 
 
 def _build_prove(models: ModelSet, p: Params) -> Engine:
-    block, proposer = _block_proposer(models, "prove", p)
     verifier = models.require("draft", "prove")
+    if isinstance(verifier, LoadedEagle):
+        raise RelaxSpecError(
+            f"prove verifies with a small causal LM (--draft), but {verifier.path} is an EAGLE head; "
+            "pass a causal LM directory"
+        )
+    block, proposer = _block_proposer(models, "prove", p)
     check_compatible(verifier.model, block.model, "block proposer")
     check_same_tokenizer(verifier.tokenizer, block.tokenizer, "block proposer")
     gate, _ = RULES["gate"].pair(p)
@@ -592,10 +606,15 @@ def build_engine(
     return get_method(method).build(models, resolved)
 
 
+def load_draft(path: Path) -> LoadedModel | LoadedEagle:
+    """A ``--draft`` directory: an EAGLE head (recognised by its config) or a causal LM."""
+    return load_eagle(path) if is_eagle_dir(path) else load_model(path)
+
+
 # How a model of each role is loaded from a directory.
 ROLE_LOADERS: dict[str, Callable[[Path], Any]] = {
     "target": load_model,
-    "draft": load_model,
+    "draft": load_draft,
     "block": load_model,
     "diffusion": load_diffusion,
     "survival": SurvivalPredictor.load,
@@ -618,7 +637,7 @@ def load_role(role: str, path: Path, kernels: str = "auto") -> Any:
     if kernels not in KERNELS:
         raise RelaxSpecError(f"unknown kernels {kernels!r} (choose from {', '.join(KERNELS)})")
     loaded = ROLE_LOADERS[role](path)
-    if role in PACKED_ROLES:
+    if role in PACKED_ROLES and not isinstance(loaded, LoadedEagle):  # a head runs on the target's
         attach_kernels(loaded.model, kernels)
     return loaded
 

@@ -262,7 +262,12 @@ def observe_forwards(model: PreTrainedModel, observer: ForwardObserver | None) -
 
 
 def model_logits(
-    model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int = 0, **inputs
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    logits_to_keep: int = 0,
+    hidden: list[torch.Tensor] | None = None,
+    **inputs,
 ) -> torch.Tensor:
     """One forward of ``model`` over ``input_ids[B, T]`` that extends ``cache`` by T positions.
 
@@ -270,14 +275,18 @@ def model_logits(
     ``inputs`` are passed through (``attention_mask``, ``position_ids`` for batched rows). The
     one place a model is called for decoding: :class:`CachedLM`, the batched cache and its
     prefill all go through here. A model given packed kernels (:func:`relaxspec.engine.packed.attach`)
-    runs on them, else on transformers' forward.
+    runs on them, else on transformers' forward. ``hidden`` (a list) receives the last layer's
+    normed hidden states of all T positions, ``[B, T, H]`` (the LM head's inputs; what an EAGLE
+    head drafts from): the same forward, split into decoder and LM head.
     """
     device = model.device
     inputs = {name: x.to(device) for name, x in inputs.items()}
     observer = _FORWARD_OBSERVERS.get(id(model))
     started = time.perf_counter()
     packed = packed_forward(model)
-    if packed is not None:
+    if hidden is not None:
+        logits = _logits_and_hidden(model, input_ids.to(device), cache, logits_to_keep, hidden, inputs)
+    elif packed is not None:
         logits = packed(input_ids, cache, logits_to_keep, **inputs)
     else:
         out = model(
@@ -293,6 +302,31 @@ def model_logits(
     return logits
 
 
+def _logits_and_hidden(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    logits_to_keep: int,
+    hidden: list[torch.Tensor],
+    inputs: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """:func:`model_logits` as decoder then LM head (Llama's own ``forward`` split in two):
+    float32 logits of the last ``logits_to_keep`` positions; appends ``[B, T, H]`` to ``hidden``."""
+    T = input_ids.shape[1]
+    keep = T if logits_to_keep == 0 else min(logits_to_keep, T)
+    packed = packed_forward(model)
+    if packed is not None:
+        states = packed.hidden(input_ids, cache, keep=T, **inputs)
+        logits = packed.logits(states[:, T - keep :])
+    else:
+        decoder = model.get_decoder()
+        states = decoder(input_ids=input_ids, use_cache=True, **cache_argument(decoder, cache), **inputs)
+        states = states.last_hidden_state
+        logits = model.get_output_embeddings()(states[:, T - keep :]).float()
+    hidden.append(states.float())
+    return logits
+
+
 class CachedLM:
     """``model`` plus a KV cache (:func:`new_cache`) over the first ``length`` tokens of one sequence."""
 
@@ -302,6 +336,21 @@ class CachedLM:
         self.calls = 0  # forward passes since construction (for stats)
         self.cache = new_cache(model)
         self.length = 0
+        self.hidden: torch.Tensor | None = None  # [1, capacity, H] when recording (record_hidden)
+
+    def record_hidden(self) -> None:
+        """From now on keep the last layer's hidden state of every cached position
+        (:attr:`hidden_states`), rolled back with the cache (an EAGLE proposer drafts from them)."""
+        if self.hidden is None:
+            size = int(self.model.get_output_embeddings().weight.shape[1])
+            self.hidden = torch.zeros((1, 0, size))
+
+    @property
+    def hidden_states(self) -> torch.Tensor:
+        """``[1, length, H]``: the final (normed) hidden state at each cached position."""
+        if self.hidden is None:
+            raise RelaxSpecError(f"the {self.name} does not record hidden states (record_hidden)")
+        return self.hidden[:, : self.length]
 
     @property
     def device(self) -> torch.device:
@@ -325,11 +374,24 @@ class CachedLM:
         """
         n_new = tokens.shape[1]
         self._check_room(n_new)
-        logits = model_logits(self.model, tokens, self.cache, logits_to_keep)
+        states: list[torch.Tensor] | None = [] if self.hidden is not None else None
+        logits = model_logits(self.model, tokens, self.cache, logits_to_keep, hidden=states)
+        if states:
+            self._keep_hidden(states[0][:1])
         self.calls += 1
         self.length += n_new
         check_finite(logits, f"the {self.name}")
         return logits
+
+    def _keep_hidden(self, states: torch.Tensor) -> None:
+        """Write ``states[1, T, H]`` at positions ``length .. length+T-1`` (buffer doubles when full)."""
+        assert self.hidden is not None
+        end = self.length + states.shape[1]
+        if end > self.hidden.shape[1]:
+            grown = states.new_zeros((1, max(end, 2 * self.hidden.shape[1], 64), states.shape[2]))
+            grown[:, : self.length] = self.hidden[:, : self.length]
+            self.hidden = grown
+        self.hidden[:, self.length : end] = states
 
     def _check_room(self, n_new: int) -> None:
         if self.length + n_new > self.context_length:

@@ -176,6 +176,9 @@ class Engine:
         if proposer is not None and rule is None and greedy_rule is None:
             raise RelaxSpecError("a proposer needs an acceptance rule (rule= and/or greedy_rule=)")
         self.verifier = Verifier(target)
+        bind = getattr(proposer, "bind_verifier", None)
+        if bind is not None:  # a proposer that drafts from the verifier's hidden states (EAGLE)
+            bind(self.verifier)
         self.tokenizer = tokenizer
         self.proposer = proposer
         self.rule = rule
@@ -375,15 +378,15 @@ class Engine:
         """
         stats, n = run.stats, ids.shape[1]
         if k == 0:  # plain AR step: the "bonus" token of an empty draft
-            target_probs = self._score(ids, torch.empty((1, 0), dtype=torch.long), run)
-            run.state.unverified_run = 0
-            return CycleRecord(n, None, 0, target_probs, None, [_ar_token(target_probs[0, 0], run)])
+            return self._ar_step(ids, run)
         assert self.proposer is not None and run.rule is not None
         if getattr(self.proposer, "fused", False):
             return self._fused_cycle(ids, k, run)
         t0 = _now(self.device)
         proposal = self.proposer.propose(ids, k, run.params, run.generator)
         stats.draft_seconds += _now(self.device) - t0
+        if proposal.k == 0:  # nothing to draft from yet (an EAGLE head before the target's features)
+            return self._ar_step(ids, run)
 
         skip = min(self.scheduler.skip_length(proposal, run.state), proposal.k)
         if skip > 0:  # commit a prefix without calling the verifier
@@ -401,6 +404,12 @@ class Engine:
         chunk = verdict.emitted(proposal.tokens)
         run.state.unverified_run = 0
         return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)
+
+    def _ar_step(self, ids: torch.Tensor, run: _Run) -> CycleRecord:
+        """One verifier forward over an empty draft; emits its token (argmax or a sample)."""
+        target_probs = self._score(ids, torch.empty((1, 0), dtype=torch.long), run)
+        run.state.unverified_run = 0
+        return CycleRecord(ids.shape[1], None, 0, target_probs, None, [_ar_token(target_probs[0, 0], run)])
 
     def _fused_cycle(self, ids: torch.Tensor, k: int, run: _Run) -> CycleRecord:
         """One verifier forward that verifies the drafts the last one drew and draws the next

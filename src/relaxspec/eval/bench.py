@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.packed import kernels_of
+from relaxspec.engine.proposers.eagle import is_eagle_dir
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.eval import diagnostics
 from relaxspec.eval.datasets import Example, load_examples
@@ -236,6 +237,8 @@ def plan(config: BenchConfig) -> list[Cell]:
     )
     if config.peers is None:  # default peers: only those whose models exist
         have = {r for r in ("target", "draft") if Path(config.models.get(r) or bundled(r)).exists()}
+        if is_eagle_dir(config.models.get("draft") or bundled("draft")):
+            have.discard("draft")  # HF's assisted generation needs a causal LM, not an EAGLE head
         cells = [c for c in cells if not is_peer(c.method) or set(runner_needs(c.method)) <= have]
     return cells
 
@@ -364,7 +367,9 @@ def fitting_examples(examples: dict[str, list[Example]], models: ModelSet) -> di
     Every cell then sees the same prompts (a prompt too long for the context would otherwise fail
     in some cells only). Says on stderr what it dropped; no prompt left is an error.
     """
-    lms = [m for m in (models.target, models.draft, models.block) if m is not None]
+    lms = [
+        m for m in (models.target, models.draft, models.block) if getattr(m, "tokenizer", None) is not None
+    ]
     if not lms:
         return examples
     context = min(m.context_length for m in lms)

@@ -42,7 +42,10 @@ class PeerSpec:
 
 
 def _assisted_kwargs(models: ModelSet, p: dict[str, Any]) -> dict[str, Any]:
-    assistant = models.require("draft", "hf-assisted").model
+    draft = models.require("draft", "hf-assisted")
+    if getattr(draft, "model", None) is None:  # an EAGLE head is no causal LM
+        raise RelaxSpecError("hf-assisted needs a draft causal LM, not an EAGLE head (--draft)")
+    assistant = draft.model
     # Like for like with our sd: K draft tokens per round ("constant" schedule) and, by default, no
     # early stop of the draft on low assistant confidence (HF's own default is 0.4: --set
     # hf-assisted.confidence=0.4 measures that).

@@ -27,6 +27,7 @@ from relaxspec.engine.draft_length import GoodputDraftLength, LiveStepCosts, mea
 from relaxspec.engine.kv import observe_forwards
 from relaxspec.engine.logprobs import LogprobRecorder, check_supported
 from relaxspec.engine.proposers import DraftModel
+from relaxspec.engine.proposers.eagle import LoadedEagle
 from relaxspec.errors import Cancelled, RelaxSpecError
 from relaxspec.methods import ModelSet, build_engine, get_method, resolve_params
 
@@ -102,7 +103,7 @@ class ServingPool:
         self._check_method_models(default_method)
         if adaptive_k:  # measure while the server is idle, not beside the first requests
             for loaded in (models.target, models.draft):
-                if loaded is not None:
+                if getattr(loaded, "model", None) is not None:  # an EAGLE head has no model of its own
                     self._costs(loaded.model)
 
     def _rows_per_step(self) -> int:
@@ -223,7 +224,10 @@ class ServingPool:
         logprobs: LogprobRecorder | None = None,
     ) -> GenerationResult:
         method, params = self.resolve(method, method_params)
-        if self.batcher is not None:
+        # An EAGLE head reads the verifier's hidden states, which the shared batched cache does not
+        # keep: such a request runs in an engine of its own, beside the batch.
+        eagle = isinstance(self.models.draft, LoadedEagle) and "draft" in get_method(method).needs
+        if self.batcher is not None and not eagle:
             with self.batcher.building() as rows:
                 engine = build_engine(method, self.models, **params)
         else:

@@ -1,0 +1,290 @@
+"""EagleProposer: an EAGLE-style head drafts from the target's own hidden states (EAGLE §3).
+
+The head is one Llama decoder layer over ``fc([f_t ; e(x_{t+1})])`` (2H → H): ``f_t`` the
+target's last (normed) hidden state at position t, ``e`` the target's input embedding. Its output
+``f̂_{t+1}`` predicts the target's next feature, and the target's own LM head turns it into the law
+of ``x_{t+2}``. The head reuses the target's embedding and LM head (frozen); an export stores only
+the head's weights and a config naming the target it was trained for (hidden size, vocabulary,
+hashes of the embedding and LM head) — :func:`check_fits` refuses any other target.
+
+Drafting a chain of K after the committed ``x_0 .. x_{n−1}``: the head's cache holds the pairs
+``(f_t, x_{t+1})`` it has seen with the target's *real* features; one forward feeds the pairs it
+lacks, up to ``t = n − 2``, whose output gives ``q_1`` (the law of ``d_1``); each further step
+feeds ``(f̂, d_i)`` — its own predicted feature, as EAGLE does — for ``q_{i+1}``. The target's
+features come from the verifier's forward (:meth:`~relaxspec.engine.kv.CachedLM.record_hidden`:
+every cached position's hidden state, rolled back with its cache). Pairs made of predicted
+features never survive a cycle: the next draft recomputes them from the real features. Before the
+target has scored the committed tokens (the first cycle of a generation, or tokens committed
+unverified) there is nothing to draft from, and the proposal is empty (the engine runs an AR step).
+
+Each ``d_i`` is drawn from the processed head law ``q_i`` (argmax when greedy), so every rule
+composes with it as with a draft model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from relaxspec.core.sampling import SamplingParams, processed_probs, sample
+from relaxspec.engine.kv import CachedLM, new_cache
+from relaxspec.engine.proposers.base import Proposal
+from relaxspec.engine.proposers.rows import drafter_logits
+from relaxspec.errors import RelaxSpecError
+
+ARCHITECTURE = "RelaxSpecEagleHead"  # config.json "architectures": how a head directory is recognised
+MARKER = "relaxspec_eagle"  # config.json key: the head format's version
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+
+
+def _digest(weight: torch.Tensor) -> str:
+    """sha256 of a weight rounded to bf16 (the dtype models are stored in), first 16 hex digits."""
+    data = weight.detach().to(torch.bfloat16).contiguous().view(torch.int16).cpu().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def target_fingerprint(target: PreTrainedModel) -> dict[str, Any]:
+    """What a head records of its target: hidden size, vocabulary, embedding and LM-head hashes."""
+    embed = target.get_input_embeddings().weight
+    head = target.get_output_embeddings().weight
+    return {
+        "hidden_size": int(embed.shape[1]),
+        "vocab_size": int(head.shape[0]),
+        "embedding_sha256": _digest(embed),
+        "lm_head_sha256": _digest(head),
+    }
+
+
+def check_fits(recorded: dict[str, Any], target: PreTrainedModel, where: str = "the EAGLE head") -> None:
+    """One clear error if ``target`` is not the model the head was trained on (recorded fingerprint)."""
+    actual = target_fingerprint(target)
+    for key, what in (
+        ("hidden_size", "hidden size"),
+        ("vocab_size", "vocabulary size"),
+        ("embedding_sha256", "input embedding (hash)"),
+        ("lm_head_sha256", "LM head (hash)"),
+    ):
+        if recorded.get(key) != actual[key]:
+            raise RelaxSpecError(
+                f"{where} was trained for another target: its target's {what} is {recorded.get(key)}, "
+                f"this target's is {actual[key]}; train a head for this target with "
+                "`relaxspec train eagle --target DIR`"
+            )
+
+
+def head_config(target: PreTrainedModel) -> LlamaConfig:
+    """The head's decoder-layer shape: one Llama layer as wide as the target's layers."""
+    c = target.config
+    heads = int(c.num_attention_heads)
+    config = LlamaConfig(
+        vocab_size=int(target.get_output_embeddings().weight.shape[0]),
+        hidden_size=int(c.hidden_size),
+        intermediate_size=int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=int(getattr(c, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(c, "head_dim", None) or c.hidden_size // heads),
+        max_position_embeddings=int(getattr(c, "max_position_embeddings", 2048)),
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+        rope_parameters=getattr(c, "rope_parameters", None),
+    )
+    config._attn_implementation = "sdpa"
+    return config
+
+
+class EagleHead(nn.Module):
+    """``f̂ = Layer(fc([f ; e]))``: features ``[B, T, H]`` and token embeddings ``[B, T, H]`` at
+    ``position_ids [B, T]`` -> predicted next features ``[B, T, H]`` (EAGLE §3.1)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        config._attn_implementation = "sdpa"
+        self.config = config
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=True)
+        self.layer = LlamaDecoderLayer(config, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any = None,
+    ) -> torch.Tensor:
+        """``mask``: additive float ``[B|1, 1, T, S+T]`` (0 = attend) over the ``cache``'s S entries."""
+        x = self.fc(torch.cat([features.to(embeds.dtype), embeds], dim=-1))
+        return self.layer(
+            x,
+            attention_mask=mask.to(x.dtype),
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_embeddings=self.rotary(x, position_ids),
+        )
+
+
+def causal_mask(T: int, past: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive ``[1, 1, T, past+T]``: new position i sees the ``past`` cached ones and new ones ≤ i."""
+    allowed = torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+@dataclass
+class LoadedEagle:
+    """A head loaded from its directory, with the fingerprint of the target it was trained for."""
+
+    head: EagleHead
+    target: dict[str, Any]
+    path: Path
+
+
+def is_eagle_dir(path: str | Path) -> bool:
+    """Whether ``path`` holds an EAGLE head (its config.json names :data:`ARCHITECTURE`)."""
+    config = Path(path) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and (MARKER in data or ARCHITECTURE in (data.get("architectures") or []))
+
+
+def save_eagle(head: EagleHead, target: PreTrainedModel, out_dir: str | Path) -> Path:
+    """Write the head's weights (bf16) and a config naming its target; nothing of the target."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in head.state_dict().items()}
+    save_file(weights, str(out / WEIGHTS))
+    config = {
+        "architectures": [ARCHITECTURE],
+        MARKER: FORMAT_VERSION,
+        "model_type": "relaxspec-eagle",
+        "head": {k: v for k, v in head.config.to_dict().items() if not k.startswith("_")},
+        "target": target_fingerprint(target),
+        **{k: getattr(head.config, k) for k in ("hidden_size", "intermediate_size", "vocab_size")},
+        "num_hidden_layers": 1,
+        "num_attention_heads": head.config.num_attention_heads,
+        "max_position_embeddings": head.config.max_position_embeddings,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def load_eagle(path: str | Path) -> LoadedEagle:
+    """Load a head written by :func:`save_eagle` (float32, eval); clear errors for anything else."""
+    p = Path(path)
+    if not p.is_dir():
+        raise RelaxSpecError(f"model directory not found: {p}")
+    if not is_eagle_dir(p):
+        raise RelaxSpecError(f"{p} is not a relaxspec EAGLE head (its config.json lacks {MARKER})")
+    try:
+        data = json.loads((p / "config.json").read_text())
+        if data[MARKER] != FORMAT_VERSION:
+            raise ValueError(f"format version {data[MARKER]!r}, this relaxspec reads {FORMAT_VERSION}")
+        head = EagleHead(LlamaConfig(**data["head"]))
+        head.load_state_dict({k: v.float() for k, v in load_file(str(p / WEIGHTS)).items()})
+        target = dict(data["target"])
+    except Exception as err:
+        raise RelaxSpecError(f"cannot load the EAGLE head from {p}: {type(err).__name__}: {err}") from None
+    return LoadedEagle(head.eval(), target, p)
+
+
+class EagleProposer:
+    """Draft a chain of ``k`` tokens with an EAGLE head on ``target``'s hidden states (module doc).
+
+    ``recorded``: the fingerprint of the target the head was trained for (checked here).
+    """
+
+    name = "eagle"
+
+    def __init__(
+        self, head: EagleHead, target: PreTrainedModel, recorded: dict[str, Any] | None = None
+    ) -> None:
+        if recorded is not None:
+            check_fits(recorded, target)
+        if head.config.hidden_size != target.get_input_embeddings().weight.shape[1]:
+            raise RelaxSpecError("the EAGLE head's hidden size differs from the target's")
+        self.head, self.target = head, target
+        self.cache = new_cache(head)
+        self.real = 0  # leading head positions computed from the target's real features
+        self.features: CachedLM | None = None  # the verifier's model, recording hidden states
+        self.calls = 0
+
+    def bind_verifier(self, verifier: Any) -> None:
+        """Draft from ``verifier``'s recorded hidden states (the engine calls this)."""
+        lm = verifier.lm
+        if type(lm) is not CachedLM:
+            raise RelaxSpecError(
+                "the EAGLE proposer needs the verifier's hidden states, which the batched server's "
+                "shared cache does not keep; run it in the single-request engine"
+            )
+        if lm.model is not self.target:
+            raise RelaxSpecError("the EAGLE proposer drafts for the model that verifies: pass that target")
+        lm.record_hidden()
+        self.features = lm
+
+    def start(self, prompt_ids: torch.Tensor) -> None:
+        self.cache = new_cache(self.head)
+        self.real = 0
+
+    @torch.inference_mode()
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Feed pairs ``(features[1, T, H], tokens[1, T])`` at positions ``start ..``; ``[1, T, H]``."""
+        T = tokens.shape[1]
+        past = self.cache.get_seq_length()
+        embeds = self.target.get_input_embeddings()(tokens)
+        out = self.head(
+            features, embeds, torch.arange(start, start + T)[None], causal_mask(T, past), self.cache
+        )
+        self.calls += 1
+        return out
+
+    def _empty(self, device: torch.device) -> Proposal:
+        vocab = int(self.target.get_output_embeddings().weight.shape[0])
+        return Proposal(
+            tokens=torch.empty((1, 0), dtype=torch.long, device=device),
+            probs=torch.empty((1, 0, vocab), device=device),
+            confidence=torch.empty((1, 0), device=device),
+        )
+
+    def propose(
+        self, ids: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Proposal:
+        """``d_1..d_k`` after ``ids[1, n]``, ``q_i`` the processed head laws; empty before the
+        target has scored ``x_0 .. x_{n−2}``."""
+        if self.features is None:
+            raise RelaxSpecError("the EAGLE proposer runs inside an Engine (it reads the verifier's states)")
+        n = ids.shape[1]
+        if n < 2 or self.features.length < n - 1:
+            return self._empty(ids.device)
+        real = min(self.real, n - 2)  # keep at least one pair to feed: its output is q_1
+        self.cache.crop(real)
+        features = self.features.hidden_states[:, real : n - 1]  # f_real .. f_{n-2}
+        hidden = self._step(features, ids[:, real + 1 : n], real)[:, -1:]  # f̂_{n-1}
+        self.real = n - 1
+        tokens, probs = [], []
+        for i in range(k):
+            q = processed_probs(drafter_logits(self.target, hidden, "EAGLE head")[:, 0], params)  # [1, V]
+            token = sample(q, generator, params.greedy)  # [1]
+            tokens.append(token)
+            probs.append(q)
+            if i + 1 < k:  # the last draft is never fed: its successor is not needed
+                hidden = self._step(hidden, token[:, None], n - 1 + i)
+        d = torch.stack(tokens, dim=1)  # [1, K]
+        q_all = torch.stack(probs, dim=1)  # [1, K, V]
+        return Proposal(tokens=d, probs=q_all, confidence=q_all.gather(-1, d[..., None]).squeeze(-1))
+
+    def rollback(self, length: int) -> None:
+        """Pair t reads ``x_{t+1}``: pairs beyond the kept committed tokens are dropped."""
+        self.real = min(self.real, max(0, length - 1))
