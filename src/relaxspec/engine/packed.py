@@ -15,7 +15,9 @@ the cache → o → residual → RMSNorm → fused gate/up → SiLU·up → down
 - the residual stream, norms, rotary, softmax and the returned logits in float32;
 - products with ``weights="fp32"`` in float32 (same numbers as transformers' fp32 forward up to
   summation order), or with ``weights="bf16"`` on bf16 inputs and weights (outputs rounded to
-  bf16, as in a bf16 model; the bundled checkpoints are stored in bf16, so the weights are exact).
+  bf16, as in a bf16 model; the bundled checkpoints are stored in bf16, so the weights are exact),
+  or with ``weights="int8"`` (``--kernels packed-int8``, opt-in) on bf16 inputs and weight-only
+  int8 weights with one scale per output channel (:class:`Int8Linear`; docs/performance.md §9).
 
 It reads and writes the model's ordinary cache (:func:`relaxspec.engine.kv.new_cache`: one
 ``update`` per layer, so position-indexed and dynamic layers both work) and takes the batched
