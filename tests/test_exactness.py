@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from relaxspec.core.sampling import SamplingParams
+from relaxspec.engine import packed
 from relaxspec.methods import build_engine
 from relaxspec.models import LoadedModel
 from relaxspec.testing import chi_square_pvalue, exact_joint, sample_continuations, tiny_llama, tiny_tokenizer
@@ -43,6 +44,21 @@ def test_sd_reproduces_target_joint_law(pair, temperature, top_p, k):
     params = SamplingParams(temperature=temperature, top_p=top_p)
     samples = triples(build_engine("sd", target, draft, k=k), 4000, params)
     assert chi_square_pvalue(samples, joint(target, params)) > 1e-3
+
+
+@pytest.mark.slow
+def test_sd_reproduces_the_law_of_int8_weights(pair):
+    """On weight-only int8 kernels the target's law is the int8 model's; sd must reproduce it."""
+    target, draft = pair
+    models = []
+    for loaded in (target, draft):
+        model = type(loaded.model)(loaded.model.config).eval()
+        model.load_state_dict(loaded.model.state_dict())
+        assert packed.attach(model, "packed-int8") == "packed-int8"
+        models.append(LoadedModel(model, loaded.tokenizer, None))
+    params = SamplingParams(temperature=1.0)
+    samples = triples(build_engine("sd", *models, k=2), 4000, params)
+    assert chi_square_pvalue(samples, joint(models[0], params)) > 1e-3
 
 
 @pytest.mark.slow

@@ -65,7 +65,8 @@ KernelsOpt = Annotated[
     str,
     typer.Option(
         help="our engine's forwards: auto (fastest measured the model and CPU allow), hf "
-        "(transformers' forward), packed (oneDNN-packed fp32 weights) or packed-bf16 (docs/performance.md)"
+        "(transformers' forward), packed (oneDNN-packed fp32 weights), packed-bf16, or packed-int8 "
+        "(weight-only int8, opt-in: changes the numbers) (docs/performance.md)"
     ),
 ]
 

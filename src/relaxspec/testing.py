@@ -23,6 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from relaxspec.core.sampling import processed_probs
+from relaxspec.engine.kv import model_logits, new_cache
 from relaxspec.train.tokenizer import EOS, MASK, PAD
 
 
@@ -210,14 +211,18 @@ def exact_joint(
 ) -> dict[tuple[int, ...], float]:
     """P(x_1..x_n | prompt) under ``model``'s processed law, for every continuation of n tokens.
 
-    One batched forward over all V^n continuations (keep V and n small).
+    One batched forward over all V^n continuations (keep V and n small), through the engine's
+    model call (:func:`relaxspec.engine.kv.model_logits`): the law of the kernels the model's
+    decoding forwards run on (``--kernels``), which is the law the engines must reproduce.
     """
+
     prompt = torch.tensor(prompt_ids)
     V = model.config.vocab_size
     tails = list(itertools.product(range(V), repeat=n_tokens))
     seqs = torch.stack([torch.cat([prompt, torch.tensor(t)]) for t in tails])
     with torch.inference_mode():
-        probs = processed_probs(model(seqs).logits[:, len(prompt) - 1 : -1], params).double()
+        logits = model_logits(model, seqs, new_cache(model))
+        probs = processed_probs(logits[:, len(prompt) - 1 : -1], params).double()
     joint = probs.gather(-1, seqs[:, len(prompt) :, None]).squeeze(-1).prod(-1)
     joint = joint / joint.sum()  # float32 softmax rounding
     return dict(zip(tails, joint.tolist(), strict=True))

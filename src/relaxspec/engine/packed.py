@@ -15,7 +15,9 @@ the cache → o → residual → RMSNorm → fused gate/up → SiLU·up → down
 - the residual stream, norms, rotary, softmax and the returned logits in float32;
 - products with ``weights="fp32"`` in float32 (same numbers as transformers' fp32 forward up to
   summation order), or with ``weights="bf16"`` on bf16 inputs and weights (outputs rounded to
-  bf16, as in a bf16 model; the bundled checkpoints are stored in bf16, so the weights are exact).
+  bf16, as in a bf16 model; the bundled checkpoints are stored in bf16, so the weights are exact),
+  or with ``weights="int8"`` (``--kernels packed-int8``, opt-in) on bf16 inputs and weight-only
+  int8 weights with one scale per output channel (:class:`Int8Linear`; docs/performance.md §9).
 
 It reads and writes the model's ordinary cache (:func:`relaxspec.engine.kv.new_cache`: one
 ``update`` per layer, so position-indexed and dynamic layers both work) and takes the batched
@@ -40,9 +42,12 @@ from transformers import PreTrainedModel
 from relaxspec.errors import RelaxSpecError
 
 # What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
-# fp32 weights; ``packed-bf16`` = this module, bf16 weights; ``auto`` = the fastest measured one
-# the model and CPU allow (packed-bf16 where oneDNN has bf16 kernels, else packed, else hf).
-KERNELS = ("auto", "hf", "packed", "packed-bf16")
+# fp32 weights; ``packed-bf16`` = this module, bf16 weights; ``packed-int8`` = this module,
+# weight-only int8 (opt-in: it changes the numbers, docs/performance.md §7); ``auto`` = the fastest
+# measured exact-weight one the model and CPU allow (packed-bf16 where oneDNN has bf16 kernels,
+# else packed, else hf).
+KERNELS = ("auto", "hf", "packed", "packed-bf16", "packed-int8")
+WEIGHTS = {"packed": "fp32", "packed-bf16": "bf16", "packed-int8": "int8"}  # kernels -> weights
 ATTRIBUTE = "relaxspec_packed_forward"  # where attach() leaves the forward on the model
 SUPPORTED_TYPES = ("llama", "qwen2")
 
@@ -88,8 +93,8 @@ def resolve_kernels(model: PreTrainedModel, kernels: str) -> str:
         if kernels == "auto":
             return "hf"
         raise RelaxSpecError(f"--kernels {kernels} cannot run this model: {reason}")
-    if kernels == "packed-bf16" and not _bf16_kernels():
-        raise RelaxSpecError("--kernels packed-bf16 needs a CPU with bf16 instructions (oneDNN reports none)")
+    if kernels in ("packed-bf16", "packed-int8") and not _bf16_kernels():
+        raise RelaxSpecError(f"--kernels {kernels} needs a CPU with bf16 instructions (oneDNN reports none)")
     if kernels == "auto":
         return "packed-bf16" if _bf16_kernels() else "packed"
     return kernels
@@ -104,9 +109,8 @@ def attach(model: PreTrainedModel, kernels: str = "auto") -> str:
     resolved = resolve_kernels(model, kernels)
     if resolved == "hf":
         model.__dict__.pop(ATTRIBUTE, None)
-    else:
-        dtype = torch.bfloat16 if resolved == "packed-bf16" else torch.float32
-        model.__dict__[ATTRIBUTE] = PackedForward(model, dtype)  # a plain attribute, not a submodule
+    else:  # a plain attribute, not a submodule
+        model.__dict__[ATTRIBUTE] = PackedForward(model, WEIGHTS[resolved])
     return resolved
 
 
@@ -116,11 +120,21 @@ def packed_forward(model: PreTrainedModel) -> PackedForward | None:
 
 
 def kernels_of(model: PreTrainedModel) -> str:
-    """``hf``, ``packed`` or ``packed-bf16``: what :func:`relaxspec.engine.kv.model_logits` runs."""
+    """``hf``, ``packed``, ``packed-bf16`` or ``packed-int8``: what
+    :func:`relaxspec.engine.kv.model_logits` runs."""
     forward = packed_forward(model)
     if forward is None:
         return "hf"
-    return "packed-bf16" if forward.dtype == torch.bfloat16 else "packed"
+    return {weights: kernels for kernels, weights in WEIGHTS.items()}[forward.weights]
+
+
+def _fused(linears: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The float32 weights ``[Σ out, in]`` and bias (None if none has one) of ``linears`` stacked."""
+    weight = torch.cat([lin.weight.detach().float() for lin in linears])
+    if all(lin.bias is None for lin in linears):
+        return weight, None
+    biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
+    return weight, torch.cat([b.detach().float() for b in biases])
 
 
 class PackedLinear:
@@ -132,31 +146,65 @@ class PackedLinear:
     """
 
     def __init__(self, linears: Sequence[torch.nn.Linear], dtype: torch.dtype) -> None:
-        weight = torch.cat([lin.weight.detach() for lin in linears]).to(dtype).contiguous()
+        weight, bias = _fused(linears)
         self.dtype = dtype
         self.out_features = weight.shape[0]
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight)
-        if any(lin.bias is not None for lin in linears):
-            self.bias = torch.cat(
-                [
-                    lin.bias.detach() if lin.bias is not None else lin.weight.new_zeros(lin.out_features)
-                    for lin in linears
-                ]
-            ).to(dtype)
-        else:
-            self.bias = None
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous())
+        self.bias = None if bias is None else bias.to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
         return y.float()
 
 
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: ``W ≈ q · s[:, None]`` with ``s = max_j |W_ij| / 127``.
+
+    Returns ``(q int8[out, in], s float32[out])``; an all-zero row gets scale 1 (q = 0).
+    """
+    scale = weight.abs().amax(dim=1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scale
+
+
+class Int8Linear:
+    """``y = x (q · s)ᵀ + b``: weight-only int8 (:func:`quantize_int8`), bf16 activations.
+
+    ``torch.ops.aten._weight_int8pack_mm(x bf16[M, in], q int8[out, in], s bf16[out])`` converts each
+    weight to bf16 on the fly and scales the product's columns: half the bytes of bf16 weights
+    read per product. ``x[..., in]`` -> float32 ``[..., out]``; several linears fuse as in
+    :class:`PackedLinear`.
+    """
+
+    def __init__(self, linears: Sequence[torch.nn.Linear]) -> None:
+        weight, bias = _fused(linears)
+        self.q, scale = quantize_int8(weight)
+        self.scale = scale.to(torch.bfloat16)
+        self.bias = bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def _linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLinear | Int8Linear:
+    """The product of ``linears`` (fused) on ``weights`` = ``fp32``, ``bf16`` or ``int8``."""
+    if weights == "int8":
+        return Int8Linear(linears)
+    return PackedLinear(linears, torch.bfloat16 if weights == "bf16" else torch.float32)
+
+
 @dataclass
 class _PackedLayer:
-    qkv: PackedLinear
-    o: PackedLinear
-    gate_up: PackedLinear
-    down: PackedLinear
+    qkv: PackedLinear | Int8Linear
+    o: PackedLinear | Int8Linear
+    gate_up: PackedLinear | Int8Linear
+    down: PackedLinear | Int8Linear
     attn_norm: torch.Tensor  # [hidden] float32 RMSNorm weights
     mlp_norm: torch.Tensor
 
@@ -164,9 +212,9 @@ class _PackedLayer:
 class PackedForward:
     """The decoding forward of one Llama-family model on packed weights (see the module doc)."""
 
-    def __init__(self, model: PreTrainedModel, dtype: torch.dtype) -> None:
+    def __init__(self, model: PreTrainedModel, weights: str = "bf16") -> None:
         config = model.config
-        self.dtype = dtype
+        self.weights = weights  # "fp32", "bf16" or "int8" (WEIGHTS)
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -175,15 +223,13 @@ class PackedForward:
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
         self.norm = base.norm.weight.detach().float()
-        self.lm_head = PackedLinear([model.lm_head], dtype)
+        self.lm_head = _linear([model.lm_head], weights)
         self.layers = [
             _PackedLayer(
-                qkv=PackedLinear(
-                    [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], dtype
-                ),
-                o=PackedLinear([layer.self_attn.o_proj], dtype),
-                gate_up=PackedLinear([layer.mlp.gate_proj, layer.mlp.up_proj], dtype),
-                down=PackedLinear([layer.mlp.down_proj], dtype),
+                qkv=_linear([getattr(layer.self_attn, f"{x}_proj") for x in "qkv"], weights),
+                o=_linear([layer.self_attn.o_proj], weights),
+                gate_up=_linear([layer.mlp.gate_proj, layer.mlp.up_proj], weights),
+                down=_linear([layer.mlp.down_proj], weights),
                 attn_norm=layer.input_layernorm.weight.detach().float(),
                 mlp_norm=layer.post_attention_layernorm.weight.detach().float(),
             )
