@@ -17,7 +17,7 @@ if [ -d "$src/checkpoints" ]; then  # a run directory: export its newest checkpo
     relaxspec train export --config target --run-dir "$src" --out "$out/model"
     src="$out/model"
 fi
-relaxspec bench --methods sd --dataset codevar-combos --limit "$n" --temperature 1.0 --top-p 0.95 \
+relaxspec bench --methods sd --set k=8 --dataset codevar-combos --limit "$n" --temperature 1.0 --top-p 0.95 \
     --diagnostics --peers none --max-new-tokens 160 --target "$src" --draft "$draft" --out "$out/regime-code-t1"
 relaxspec bench --methods ar --dataset codevar,codevar-combos,codevar-phrasing,mathvar,mathvar-phrasing \
     --limit "$n" --peers none --max-new-tokens 200 --target "$src" --draft "$draft" --out "$out/quality-greedy"

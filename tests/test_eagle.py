@@ -405,3 +405,15 @@ def test_train_eagle_bad_input(dirs, tiny_corpus, tmp_path, tok):
     tok.save_pretrained(other)
     with pytest.raises(RelaxSpecError, match="holds a run for another target"):
         train_eagle(other, tiny_corpus, tmp_path / "r", None, overrides=common, progress=False)
+
+
+def test_a_run_with_another_precision_in_the_same_process_is_not_refused():
+    """Accelerate's process-wide state refused the fp32 head's run after a bf16 run in the same
+    test session ("AcceleratorState has already been initialized"): the loop resets it."""
+    from relaxspec.train.loop import _prepare
+
+    for precision in ("bf16", "no", "bf16"):
+        parts = _prepare(
+            torch.nn.Linear(4, 4), TrainConfig(out_dir="unused", steps=1, mixed_precision=precision)
+        )
+        assert parts.accelerator.mixed_precision == precision

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
@@ -270,8 +271,17 @@ def _show_progress(bar: tqdm, state: TrainState, lr: float) -> None:
     )
 
 
+def _release_other_precision(mixed_precision: str) -> None:
+    """Accelerate keeps one process-wide state and refuses a second ``Accelerator`` with another
+    precision; a later run in the same process (the EAGLE head trains in fp32 after a bf16 run in
+    a test session or a notebook) resets that state instead. The distributed part is kept."""
+    if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed_precision:
+        AcceleratorState._reset_state()
+
+
 def _prepare(model: torch.nn.Module, config: TrainConfig) -> _Parts:
     """AdamW (no weight decay on biases and norms) and the LR schedule, prepared by Accelerate."""
+    _release_other_precision(config.mixed_precision)
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum
     )
