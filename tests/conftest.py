@@ -38,6 +38,18 @@ os.environ.setdefault("RELAXSPEC_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test leaves ``os.environ`` as it found it. A test that ran ``serve()`` in process left
+    RELAXSPEC_VLLM_STATS_DIR pointing at its removed temporary directory, and the vLLM servers of
+    later tests inherited it: their workers died writing counters there (CI's bare 500)."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def _seeded_global_rngs():
     """Each test starts from the same global RNG states, whichever tests ran before it: a test
     that draws from torch's, numpy's or Python's global generator without a seed of its own

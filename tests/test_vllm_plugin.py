@@ -639,3 +639,15 @@ def test_synthetic_mode_calls_vllms_function_with_the_same_arguments(monkeypatch
     assert calls[0][0] == args
     kw = {"synthetic_mode": True, "synthetic_conditional_rates": rates, "use_fp64_gumbel": True}
     assert calls[0][1] == kw
+
+
+def test_counters_that_cannot_be_written_never_stop_the_engine(tmp_path, monkeypatch):
+    """A stats directory that vanished (a stale RELAXSPEC_VLLM_STATS_DIR) killed vLLM's worker in
+    the middle of a step; now the counters are skipped with one warning."""
+    from relaxspec.integrations.vllm import rejection
+
+    monkeypatch.setenv(rejection.ENV_STATS_DIR, str(tmp_path / "gone"))
+    rejection._flush()  # no exception
+    monkeypatch.setenv(rejection.ENV_STATS_DIR, str(tmp_path))
+    rejection._flush()
+    assert (tmp_path / f"{os.getpid()}.json").exists()

@@ -38,6 +38,7 @@ relaxation (accepted beyond the exact rule's prefix on the same uniforms) — se
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -174,6 +175,11 @@ def snapshot() -> dict[str, Any]:
     return COUNTERS.snapshot()
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
 def _flush() -> None:
     """Write the counters for the server's /metrics (``RELAXSPEC_VLLM_STATS_DIR``), atomically."""
     where = os.environ.get(ENV_STATS_DIR)
@@ -181,9 +187,12 @@ def _flush() -> None:
         return
     path = os.path.join(where, f"{os.getpid()}.json")
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({**snapshot(), "time": time.time()}, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump({**snapshot(), "time": time.time()}, f)
+        os.replace(tmp, path)
+    except OSError as err:  # the counters are a report: losing one never stops the engine
+        _warn_once(f"relaxspec: cannot write the /metrics counters to {where}: {err}")
 
 
 # ---------------------------------------------------------------------------------------------
