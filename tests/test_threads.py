@@ -115,14 +115,16 @@ def test_neighbour_cpus():
 
 
 def test_busy_neighbours_run_pinned_and_stop():
+    def spinners() -> list[int]:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        mine = f"-c\0{SPIN}\0{os.getpid()}\0"
+        return [p for p in pids if _cmdline(p).endswith(mine) and _parent(p) == os.getpid()]
+
     with busy_neighbours(1) as cpus:
         [cpu] = cpus
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-        spinning = [
-            p
-            for p in pids
-            if _cmdline(p).endswith(f"-c\0{SPIN}\0{os.getpid()}\0") and _parent(p) == os.getpid()
-        ]
+        deadline = time.monotonic() + 10  # polled: a loaded machine can be slow to show it in /proc
+        while not (spinning := spinners()) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(spinning) == 1
         assert os.sched_getaffinity(spinning[0]) == {cpu}
     time.sleep(0.05)
