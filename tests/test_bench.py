@@ -436,3 +436,23 @@ def test_each_prompt_of_a_cell_samples_with_its_own_seed():
         for e in ex:
             assert run_cell(method_runner, e, 7, 5.0)["error"] is None
     assert seen[:2] == seen[2:] == [example_seed(7, e.id) for e in ex] and seen[0] != seen[1]
+
+
+def test_the_table_ends_in_a_plain_summary():
+    """Under the table, per dataset and regime: the fastest row with its interval, and AR's quality."""
+    from relaxspec.eval.rows import Row
+    from relaxspec.eval.tables import plain_summary
+
+    def row(method: str, label: str, speedup: float, low: float, high: float, quality: float) -> Row:
+        return Row(
+            key=label, method=method, label=label, family=method, peer=False, params={}, dataset="math",
+            seed=0, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=8, prompts=20, speedup=speedup,
+            speedup_ci={"low": low, "high": high}, quality=quality, quality_metric="exact_match",
+        )  # fmt: skip
+
+    rows = [row("ar", "ar", 1.0, 1.0, 1.0, 0.9), row("sd", "sd k=4", 1.6, 1.4, 1.8, 0.9),
+            row("nsd", "nsd k=4", 1.7, 1.5, 1.9, 0.85)]  # fmt: skip
+    lines = plain_summary(rows)
+    assert lines[0].startswith("math, greedy, 20 prompts: fastest is nsd k=4 at 1.70× AR's speed [1.50–1.90]")
+    assert "exact_match 0.85" in lines[0] and "(AR: exact_match 0.90)" in lines[0]
+    assert plain_summary([rows[0]]) == []  # nothing beside AR: nothing to say

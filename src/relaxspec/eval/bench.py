@@ -50,7 +50,7 @@ from relaxspec.eval.peers import (
     runner_params,
 )
 from relaxspec.eval.records import ResultsStore, model_fingerprint
-from relaxspec.eval.rows import Cell, build_rows, display_labels, references
+from relaxspec.eval.rows import Cell, Row, build_rows, display_labels, references
 from relaxspec.eval.tables import print_table, write_outputs
 from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, build_engine, get_method, load_role
@@ -500,10 +500,13 @@ def run_bench(config: BenchConfig, extra_cells: Sequence[Cell] = ()) -> dict[str
     if any(c.sampling.get("engine") == "vllm" or vllm_runners.is_peer(c.method) for c in cells):
         pool = vllm_runners.EnginePool(target=paths.get("target"), draft=paths.get("draft"))
     try:
-        return _run_grid(config, cells, examples, store, models, session, pending, need_ref, pool)
+        rows = _run_grid(config, cells, examples, store, models, session, pending, need_ref, pool)
     finally:
         if pool is not None:
-            pool.close()
+            pool.close()  # before the table: vLLM's shutdown log must not follow (bury) it
+    grid = {c.key for c in cells}
+    print_table([r for r in rows if r.key in grid], title=_title(config))
+    return {"rows": [asdict(r) for r in rows], "out": str(store.out)}
 
 
 def _run_grid(
@@ -516,8 +519,9 @@ def _run_grid(
     pending: list[tuple[Cell, Example]],
     need_ref: set[tuple[str, str]],
     pool: vllm_runners.EnginePool | None,
-) -> dict[str, Any]:
-    """The timed loop of :func:`run_bench` (prompts outer, cells inner and rotated)."""
+) -> list[Row]:
+    """The timed loop of :func:`run_bench` (prompts outer, cells inner and rotated); the rows
+    built from every record of the store, written with the manifest."""
     runners, broken = warm_up(list({c.key: c for c, _ in pending}.values()), models, examples, config, pool)
     ref_cell = Cell("ar", {}, "", 0, {**cells[0].sampling, "temperature": 0.0})
     reference = make_runner(ref_cell, models, False, pool)
@@ -549,9 +553,7 @@ def _run_grid(
 
     rows = build_rows(store.records, [c.key for c in cells], baseline=config.baseline)
     write_outputs(store.out, rows, store.manifest)
-    grid = {c.key for c in cells}
-    print_table([r for r in rows if r.key in grid], title=_title(config))
-    return {"rows": [asdict(r) for r in rows], "out": str(store.out)}
+    return rows
 
 
 def _title(config: BenchConfig) -> str:

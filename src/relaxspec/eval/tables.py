@@ -135,6 +135,8 @@ def print_table(rows: Sequence[Row], title: str) -> None:
     for r in rows:
         table.add_row(*(fn(r) for _, fn in TERMINAL_COLUMNS))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+    for line in plain_summary(rows):
+        print(line)
     for r in rows:
         if r.error:
             print(f"error in {r.label} ({r.dataset}, seed {r.seed}): {r.error}", file=sys.stderr)
@@ -145,6 +147,47 @@ def print_table(rows: Sequence[Row], title: str) -> None:
             "a completion could have escaped it or forged its score (relaxspec.eval.sandbox)",
             file=sys.stderr,
         )
+
+
+def _speed(r: Row) -> str:
+    ci = r.speedup_ci or {}
+    span = f" [{ci['low']:.2f}–{ci['high']:.2f}]" if ci.get("low") is not None else ""
+    return f"{r.speedup:.2f}× AR's speed{span}"
+
+
+def _quality(r: Row) -> str:
+    if r.quality is None:
+        return "quality not scored"
+    ci = r.quality_ci or {}
+    span = f" [{ci['low']:.2f}–{ci['high']:.2f}]" if ci.get("low") is not None else ""
+    return f"{r.quality_metric or 'quality'} {r.quality:.2f}{span}"
+
+
+def plain_summary(rows: Sequence[Row]) -> list[str]:
+    """A few sentences a newcomer can read under the table: per dataset and sampling regime,
+    the fastest row, and exact SD and every relaxed row beside AR, with their intervals."""
+    lines = []
+    groups: dict[tuple[str, float], list[Row]] = {}
+    for r in rows:
+        if not r.error and r.speedup is not None:
+            groups.setdefault((r.dataset, r.temperature), []).append(r)
+    for (dataset, temperature), group in groups.items():
+        ar = next((r for r in group if r.method == "ar" and not r.peer), None)
+        others = [r for r in group if r is not ar]
+        if ar is None or not others:
+            continue
+        regime = "greedy" if temperature == 0 else f"sampling at T = {temperature:g}"
+        best = max(others, key=lambda r: r.speedup or 0.0)
+        lines.append(
+            f"{dataset}, {regime}, {ar.prompts} prompts: fastest is {best.label} at {_speed(best)}, "
+            f"{_quality(best)} (AR: {_quality(ar)})."
+        )
+    if lines:
+        lines.append(
+            "A speed-up whose interval contains 1.00× is not distinguishable from AR on these prompts; "
+            "overlapping quality intervals mean no measured quality difference."
+        )
+    return lines
 
 
 def flat_row(r: Row) -> dict[str, Any]:
