@@ -454,5 +454,5 @@ def test_the_table_ends_in_a_plain_summary():
             row("nsd", "nsd k=4", 1.7, 1.5, 1.9, 0.85)]  # fmt: skip
     lines = plain_summary(rows)
     assert lines[0].startswith("math, greedy, 20 prompts: fastest is nsd k=4 at 1.70× AR's speed [1.50–1.90]")
-    assert "exact_match 0.85" in lines[0] and "(AR: exact_match 0.90)" in lines[0]
+    assert "quality 0.850 exact_match" in lines[0] and "(AR: 0.900 exact_match)" in lines[0]
     assert plain_summary([rows[0]]) == []  # nothing beside AR: nothing to say

@@ -149,23 +149,9 @@ def print_table(rows: Sequence[Row], title: str) -> None:
         )
 
 
-def _speed(r: Row) -> str:
-    ci = r.speedup_ci or {}
-    span = f" [{ci['low']:.2f}–{ci['high']:.2f}]" if ci.get("low") is not None else ""
-    return f"{r.speedup:.2f}× AR's speed{span}"
-
-
-def _quality(r: Row) -> str:
-    if r.quality is None:
-        return "quality not scored"
-    ci = r.quality_ci or {}
-    span = f" [{ci['low']:.2f}–{ci['high']:.2f}]" if ci.get("low") is not None else ""
-    return f"{r.quality_metric or 'quality'} {r.quality:.2f}{span}"
-
-
 def plain_summary(rows: Sequence[Row]) -> list[str]:
-    """A few sentences a newcomer can read under the table: per dataset and sampling regime,
-    the fastest row, and exact SD and every relaxed row beside AR, with their intervals."""
+    """A few sentences a newcomer can read under the table: per dataset and sampling regime, the
+    fastest row with its speed interval and its quality beside AR's (the table's formatters)."""
     lines = []
     groups: dict[tuple[str, float], list[Row]] = {}
     for r in rows:
@@ -178,9 +164,10 @@ def plain_summary(rows: Sequence[Row]) -> list[str]:
             continue
         regime = "greedy" if temperature == 0 else f"sampling at T = {temperature:g}"
         best = max(others, key=lambda r: r.speedup or 0.0)
+        speed = format_speedup(best.speedup, best.speedup_ci).replace("×", "× AR's speed", 1)
         lines.append(
-            f"{dataset}, {regime}, {ar.prompts} prompts: fastest is {best.label} at {_speed(best)}, "
-            f"{_quality(best)} (AR: {_quality(ar)})."
+            f"{dataset}, {regime}, {ar.prompts} prompts: fastest is {best.label} at {speed}, "
+            f"quality {_quality(best)} (AR: {_quality(ar)})."
         )
     if lines:
         lines.append(
