@@ -190,3 +190,48 @@ def test_styled_math_prompts_come_from_training_phrasings_only(tmp_path):
     styled = {p["prompt"] for p in prompts if p["source"] == "math_styles"}
     assert len(styled) == 60
     assert not styled & {p.prompt for p in heldout_phrasing_problems(400)}
+
+
+def test_variant_family_prompts_come_from_training_splits_only(tmp_path):
+    """`--n-codevar` / `--n-mathvar` prompts: variant-family training tasks and problems, never a
+    prompt of the held-out seed, combination or phrasing splits."""
+    from relaxspec.data.codevartasks import (
+        heldout_combo_variant_tasks,
+        heldout_phrasing_variant_tasks,
+        heldout_seed_variant_tasks,
+    )
+    from relaxspec.data.mathvariants import heldout_phrasing_variant_problems, heldout_seed_variant_problems
+    from relaxspec.train.distill import distill_prompts
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    prompts = distill_prompts(corpus, n_code=0, n_math=0, n_codevar=30, n_mathvar=20)
+    assert sorted(p["source"] for p in prompts) == ["codevar"] * 30 + ["mathvar"] * 20
+    code = {p["prompt"] for p in prompts if p["source"] == "codevar"}
+    math = {p["prompt"] for p in prompts if p["source"] == "mathvar"}
+    assert len(code) == 30 and len(math) == 20
+    heldout_code = heldout_seed_variant_tasks(100) + heldout_combo_variant_tasks(100)
+    heldout_code += heldout_phrasing_variant_tasks(100)
+    assert not code & {t.prompt for t in heldout_code}
+    heldout_math = heldout_seed_variant_problems(100) + heldout_phrasing_variant_problems(100)
+    assert not math & {p.prompt for p in heldout_math}
+    assert all(p.rstrip().endswith("Answer:") for p in math)
+
+
+@pytest.mark.slow  # the family fixture trains a teacher and a student
+def test_sampled_rows_reproduce_on_resume_and_leave_the_greedy_path(family, tmp_path):
+    """A sampled build (temperature 1) is a pure function of its arguments: killed at a batch
+    boundary and rerun, it writes the same rows; and its rows are not the greedy ones."""
+    root, greedy_path = family
+    args = {"n_code": 30, "n_math": 30, "max_new_tokens": 12, "max_prompt_tokens": 150, "batch_size": 8}
+    full = tmp_path / "full.jsonl"
+    build_distill_data(root / "teacher", root / "corpus", full, temperature=1.0, progress=False, **args)
+    lines = full.read_text().splitlines(keepends=True)
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text("".join(lines[:16]))  # killed after two batches
+    build_distill_data(root / "teacher", root / "corpus", partial, temperature=1.0, progress=False, **args)
+    assert partial.read_text() == "".join(lines)
+    greedy = greedy_path.read_text().splitlines(keepends=True)
+    assert len(greedy) == len(lines) and sum(a != b for a, b in zip(greedy, lines, strict=True)) >= 5
+    with pytest.raises(RelaxSpecError, match="temperature must be >= 0"):
+        build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", temperature=-1.0, **args)

@@ -631,11 +631,17 @@ def train_distill_data_cmd(
     n_math_styles: Annotated[
         int, typer.Option(help="math questions in training phrasing styles (data/mathgen.py)")
     ] = 0,
+    n_codevar: Annotated[int, typer.Option(help="variant-family code tasks (training split)")] = 0,
+    n_mathvar: Annotated[int, typer.Option(help="variant-family math problems (training split)")] = 0,
+    temperature: Annotated[
+        float, typer.Option(help="teacher sampling temperature (0: greedy continuations)")
+    ] = 0.0,
+    top_p: Annotated[float, typer.Option(help="teacher top-p when sampling")] = 1.0,
     max_new_tokens: int = 96,
     max_prompt_tokens: int = 160,
     batch_size: int = 48,
 ) -> None:
-    """Continue training-split prompts greedily with the teacher: the data `train distill` learns from."""
+    """Continue training-split prompts with the teacher (greedy or sampled): the data `train distill` learns from."""
     from relaxspec.train.distill import build_distill_data
 
     path = build_distill_data(
@@ -646,6 +652,10 @@ def train_distill_data_cmd(
         n_math=n_math,
         n_synthcode=n_synthcode,
         n_math_styles=n_math_styles,
+        n_codevar=n_codevar,
+        n_mathvar=n_mathvar,
+        temperature=temperature,
+        top_p=top_p,
         max_new_tokens=max_new_tokens,
         max_prompt_tokens=max_prompt_tokens,
         batch_size=batch_size,
@@ -669,6 +679,9 @@ def train_distill_cmd(
     export: Annotated[Path, typer.Option(help="final model directory")] = Path("runs/distill/model"),
     corpus_weight: Annotated[float, typer.Option(help="share of plain corpus windows per batch")] = 0.25,
     temperature: Annotated[float, typer.Option(help="KL temperature")] = 1.0,
+    corpus_mixture: Annotated[
+        str, typer.Option(help="sources of the plain corpus windows, SOURCE=W,...")
+    ] = "math=0.5,code=0.5",
     steps: int | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
@@ -686,7 +699,9 @@ def train_distill_cmd(
         corpus,
         run_dir,
         export,
-        DistillRecipe(corpus_weight=corpus_weight, temperature=temperature),
+        DistillRecipe(
+            corpus_weight=corpus_weight, temperature=temperature, corpus_mixture=_parse_mixture(corpus_mixture)
+        ),
         overrides,
         command=shlex.join(["relaxspec", *sys.argv[1:]]),
     )

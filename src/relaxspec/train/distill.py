@@ -3,7 +3,8 @@
 A drafter is judged by agreement with its target, not by its own quality. DistillSpec (Zhou et
 al., 2024) trains the drafter on *the target's own outputs* with the target's full distribution as
 soft labels. Two resumable steps: :func:`build_distill_data` (prompts from the corpus's training
-split in the benchmarks' shapes, continued greedily by the teacher, appended batch by batch) and
+split in the benchmarks' shapes, continued by the teacher — greedily, or sampled so the rows cover
+the variants a spread target chooses between — appended batch by batch) and
 :func:`train_distill` (the student minimises ``KL(p_teacher || p_student)`` at every position,
 mixed with plain corpus windows so it does not forget; the shared loop
 :func:`relaxspec.train.loop.train`). Held-out rows (every 20th) give the figure that predicts τ:
@@ -17,7 +18,7 @@ import json
 import random
 import textwrap
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from relaxspec.data.codegen import train_pipeline_tasks, train_tasks
+from relaxspec.data.codevartasks import train_variant_tasks
 from relaxspec.data.corpus import read_jsonl
 from relaxspec.data.mathgen import generate_problem, train_styled_problems
+from relaxspec.data.mathvariants import train_variant_problems
 from relaxspec.data.tokens import TokenMixture, training_data
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.evaluate import heldout_losses
@@ -81,11 +84,15 @@ def distill_prompts(
     seed: int = 0,
     n_synthcode: int = 0,
     n_math_styles: int = 0,
+    n_codevar: int = 0,
+    n_mathvar: int = 0,
 ) -> list[dict]:
     """``n_code`` function prompts, ``n_math`` math prompts, ``n_synthcode`` synthetic code task
     prompts (half hand-written families, half compositional pipelines; training seeds and
     combinations only, :mod:`relaxspec.data.codegen`) and ``n_math_styles`` math questions in the
-    training phrasing styles (:func:`relaxspec.data.mathgen.train_styled_problems`), all from the
+    training phrasing styles (:func:`relaxspec.data.mathgen.train_styled_problems`), ``n_codevar``
+    code tasks and ``n_mathvar`` math problems of the variant family
+    (:mod:`relaxspec.data.codevartasks`, :mod:`relaxspec.data.mathvariants`), all from the
     *training* splits, shuffled."""
     corpus = Path(corpus_dir)
     rng = random.Random(seed)
@@ -111,23 +118,39 @@ def distill_prompts(
     if n_math_styles > 0:
         styled = train_styled_problems(n_math_styles)
         prompts += [{"source": "math_styles", "prompt": p.prompt} for p in styled]
+    if n_codevar > 0:
+        prompts += [{"source": "codevar", "prompt": t.prompt} for t in train_variant_tasks(n_codevar)]
+    if n_mathvar > 0:
+        prompts += [{"source": "mathvar", "prompt": p.prompt} for p in train_variant_problems(n_mathvar)]
     rng.shuffle(prompts)
     return prompts
 
 
 @torch.no_grad()
-def greedy_continuations(
-    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int
+def teacher_continuations(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
 ) -> list[list[int]]:
-    """Token ids ``prompt + greedy continuation`` per prompt (one left-padded batch, cut at EOS)."""
+    """Token ids ``prompt + continuation`` per prompt (one left-padded batch, cut at EOS): greedy
+    at ``temperature`` 0, else sampled at ``temperature`` / ``top_p`` from a generator seeded
+    with ``seed`` (so a resumed build redraws the same rows)."""
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    sampling: dict = {"do_sample": False}
+    if temperature > 0:
+        torch.manual_seed(seed)
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
     out = model.generate(
         **enc.to(model.device),
         max_new_tokens=max_new_tokens,
-        do_sample=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        **sampling,
     )
     rows = []
     width = enc["input_ids"].shape[1]
@@ -153,26 +176,36 @@ def build_distill_data(
     batch_size: int = 32,
     seed: int = 0,
     progress: bool = True,
+    n_codevar: int = 0,
+    n_mathvar: int = 0,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> Path:
     """Write ``{"source", "ids", "prompt_len"}`` rows of teacher continuations to ``out_path``.
 
     Prompts come from the corpus's training split in the shapes the benchmarks use: a function
     signature and docstring from the stdlib training modules (as HumanEval prompts are) and a
-    math question ending in ``Answer:``; the teacher continues them greedily.
+    math question ending in ``Answer:``; the teacher continues them greedily (``temperature`` 0)
+    or samples at ``temperature`` / ``top_p`` — sampled rows show the student the variants a spread
+    target chooses between, which greedy rows never leave.
 
     Prompts longer than ``max_prompt_tokens`` are dropped (HumanEval prompts are shorter) and the
     rest are generated in order of length, so a batch wastes little compute on padding. Appends
     batch by batch; rerunning with the same arguments continues after the rows already written
     (the prompt order is a pure function of the arguments).
     """
-    counts = (n_code, n_math, n_synthcode, n_math_styles)
+    counts = (n_code, n_math, n_synthcode, n_math_styles, n_codevar, n_mathvar)
     if min(counts) < 0 or sum(counts) == 0:
-        raise RelaxSpecError("n_code, n_math, n_synthcode and n_math_styles must be >= 0 and not all 0")
+        raise RelaxSpecError(
+            "n_code, n_math, n_synthcode, n_math_styles, n_codevar and n_mathvar must be >= 0 and not all 0"
+        )
     if max_new_tokens < 1 or batch_size < 1 or max_prompt_tokens < 1:
         raise RelaxSpecError("max_new_tokens, max_prompt_tokens and batch_size must be >= 1")
+    if not temperature >= 0 or not 0 < top_p <= 1:
+        raise RelaxSpecError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
     out = Path(out_path)
     teacher = load_model(teacher_dir)
-    prompts = distill_prompts(corpus_dir, n_code, n_math, seed, n_synthcode, n_math_styles)
+    prompts = distill_prompts(corpus_dir, n_code, n_math, seed, n_synthcode, n_math_styles, n_codevar, n_mathvar)
     lengths = [len(ids) for ids in teacher.tokenizer([p["prompt"] for p in prompts])["input_ids"]]
     prompts = [p | {"prompt_len": n} for p, n in zip(prompts, lengths, strict=True) if n <= max_prompt_tokens]
     prompts.sort(key=lambda p: p["prompt_len"])  # stable: ties keep the shuffled order
@@ -184,8 +217,14 @@ def build_distill_data(
     with out.open("a", encoding="utf-8") as f:
         for start in range(done, len(prompts), batch_size):
             chunk = prompts[start : start + batch_size]
-            ids = greedy_continuations(
-                teacher.model, teacher.tokenizer, [p["prompt"] for p in chunk], max_new_tokens
+            ids = teacher_continuations(
+                teacher.model,
+                teacher.tokenizer,
+                [p["prompt"] for p in chunk],
+                max_new_tokens,
+                temperature,
+                top_p,
+                seed=seed * 1_000_003 + start,
             )
             for p, row in zip(chunk, ids, strict=True):
                 f.write(json.dumps({"source": p["source"], "ids": row, "prompt_len": p["prompt_len"]}) + "\n")
@@ -204,10 +243,14 @@ def build_distill_data(
 class DistillRecipe:
     corpus_weight: float = 0.25  # share of rows that are plain corpus windows instead of teacher rows
     temperature: float = 1.0  # softens both distributions in the KL (1 = the raw distributions)
+    # sources of the plain corpus windows and their weights (relaxspec.data.tokens's sources)
+    corpus_mixture: dict[str, float] = field(default_factory=lambda: {"math": 0.5, "code": 0.5})
 
     def validate(self) -> None:
         if not 0.0 <= self.corpus_weight < 1.0:
             raise RelaxSpecError("corpus_weight must be in [0, 1)")
+        if not self.corpus_mixture or any(not w > 0 for w in self.corpus_mixture.values()):
+            raise RelaxSpecError(f"corpus_mixture needs positive weights; got {self.corpus_mixture}")
         if self.temperature <= 0:
             raise RelaxSpecError("temperature must be > 0")
 
@@ -290,8 +333,8 @@ def _distill_notes(record: dict, base: dict) -> str:
             else ""
         )
         + f". **Distillation** from `{d['teacher']}` (DistillSpec): `relaxspec train distill-data` had the "
-        f"teacher continue {d['rows'] + d['heldout_rows']} training-split prompts greedily (function "
-        "signatures with docstrings from the stdlib training modules, math questions); the student then "
+        f"teacher continue {d['rows'] + d['heldout_rows']} training-split prompts (code and math tasks in "
+        "the benchmarks' shapes; greedy or sampled, per the data command); the student then "
         f"minimised the forward KL to the teacher on those rows ({1 - d['corpus_weight']:.0%}) and on "
         f"plain corpus windows ({d['corpus_weight']:.0%}). The training table below is the distillation "
         "stage; `agreement` is the student's top-1 agreement with the teacher on held-out rows."
@@ -370,7 +413,7 @@ def train_distill(
     config = make_config(run_dir, defaults, overrides)
     rows, heldout_rows = load_rows(data_path, config.seq_len)
     corpus, heldout = training_data(
-        corpus_dir, tokenizer, {"math": 0.5, "code": 0.5}, config.seq_len, heldout_windows=16
+        corpus_dir, tokenizer, recipe.corpus_mixture, config.seq_len, heldout_windows=16
     )
     teacher_model = teacher.model.eval().requires_grad_(False)
     pad_id = tokenizer.pad_token_id
