@@ -641,7 +641,7 @@ def train_distill_data_cmd(
     max_prompt_tokens: int = 160,
     batch_size: int = 48,
 ) -> None:
-    """Continue training-split prompts with the teacher (greedy or sampled): the data `train distill` learns from."""
+    """Continue training-split prompts with the teacher (greedy or sampled): `train distill`'s data."""
     from relaxspec.train.distill import build_distill_data
 
     path = build_distill_data(
@@ -700,7 +700,9 @@ def train_distill_cmd(
         run_dir,
         export,
         DistillRecipe(
-            corpus_weight=corpus_weight, temperature=temperature, corpus_mixture=_parse_mixture(corpus_mixture)
+            corpus_weight=corpus_weight,
+            temperature=temperature,
+            corpus_mixture=_parse_mixture(corpus_mixture),
         ),
         overrides,
         command=shlex.join(["relaxspec", *sys.argv[1:]]),

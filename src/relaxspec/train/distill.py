@@ -205,7 +205,9 @@ def build_distill_data(
         raise RelaxSpecError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
     out = Path(out_path)
     teacher = load_model(teacher_dir)
-    prompts = distill_prompts(corpus_dir, n_code, n_math, seed, n_synthcode, n_math_styles, n_codevar, n_mathvar)
+    prompts = distill_prompts(
+        corpus_dir, n_code, n_math, seed, n_synthcode, n_math_styles, n_codevar, n_mathvar
+    )
     lengths = [len(ids) for ids in teacher.tokenizer([p["prompt"] for p in prompts])["input_ids"]]
     prompts = [p | {"prompt_len": n} for p, n in zip(prompts, lengths, strict=True) if n <= max_prompt_tokens]
     prompts.sort(key=lambda p: p["prompt_len"])  # stable: ties keep the shuffled order
