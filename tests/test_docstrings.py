@@ -36,7 +36,6 @@ OWNED_ELSEWHERE = (
     "cli.py",  # owned by another change
     "params.py",  # owned by another change
     "errors.py",  # owned by another change
-    "serve/server.py",  # owned by another change
     "integrations/vllm/",  # owned by another change
     "engine/packed.py",  # owned by another change
     "engine/proposers/",  # owned by another change

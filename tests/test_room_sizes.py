@@ -23,7 +23,6 @@ PARAMETERS_EXEMPT = ("cli.py",)  # typer commands: one parameter per flag
 ALLOWED_FILES = (
     "cli.py",
     "methods.py",
-    "serve/server.py",
     "integrations/vllm/",
     "engine/packed.py",
     "engine/proposers/",
