@@ -25,7 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relaxspec.core.acceptance import AcceptanceRule, _check_unit_interval, _is_real, _top_k_mask
+from relaxspec.core.checks import check_unit_interval, is_real
+from relaxspec.core.relaxed_sets import top_k_mask
+from relaxspec.core.rules import AcceptanceRule
 from relaxspec.errors import require
 
 __all__ = ["FLY_DEFAULT_WINDOW", "FLy", "Threshold", "TopKDelta", "fly_entropy"]
@@ -65,14 +67,14 @@ class TopKDelta(AcceptanceRule):
     def __post_init__(self) -> None:
         _check_int(self.top_n, "top_n", 1)
         require(
-            _is_real(self.delta) and 0.0 <= float(self.delta) <= 1.0,
+            is_real(self.delta) and 0.0 <= float(self.delta) <= 1.0,
             f"delta must be a number in [0, 1], got {self.delta!r}",
         )
         _check_greedy(self.greedy)
 
     def relaxed_set(self, p: Tensor) -> Tensor:
         near_top = p >= p.amax(dim=-1, keepdim=True) - float(self.delta)
-        return _top_k_mask(p, int(self.top_n)) & near_top
+        return top_k_mask(p, int(self.top_n)) & near_top
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,8 @@ class Threshold(AcceptanceRule):
     greedy: bool = False
 
     def __post_init__(self) -> None:
-        _check_unit_interval(self.single, "single")
-        _check_unit_interval(self.acc, "acc")
+        check_unit_interval(self.single, "single")
+        check_unit_interval(self.acc, "acc")
         _check_greedy(self.greedy)
 
     def _leniency(self) -> float:
