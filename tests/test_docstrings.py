@@ -36,9 +36,6 @@ OWNED_ELSEWHERE = (
     "cli.py",  # owned by another change
     "params.py",  # owned by another change
     "errors.py",  # owned by another change
-    "integrations/vllm/",  # owned by another change
-    "engine/packed.py",  # owned by another change
-    "engine/proposers/",  # owned by another change
     "engine/verifier.py",  # owned by another change
     "eval/bench.py",  # owned by another change
     "eval/peers.py",  # owned by another change

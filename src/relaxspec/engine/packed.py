@@ -1,33 +1,18 @@
 """A packed-weight forward for Llama-family causal LMs on CPU (issue 14; gpt-fast's ``model.py``).
 
-Why it exists (docs/performance.md §2, measured with ``scripts/verify_cost.py``): a decode
-step of the bundled target through transformers' forward spends most of its time in
-``F.linear`` on weights that do not fit the 32 MiB L3 cache, and ~40 % more in the ~50 small ops
-per layer around them. Reordering each weight once into oneDNN's blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``) and calling ``mkldnn._linear_pointwise`` makes the
-same product 1.1× faster at one token and 2× faster at nine (fp32), and bf16 weights halve the
-bytes read again; fusing q/k/v and gate/up into one product each and writing the layer as a dozen
-explicit tensor ops removes most of the rest.
+Each weight is reordered once into oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with ``mkldnn._linear_pointwise``;
+q/k/v and gate/up are fused into one product each, and a layer is a dozen explicit tensor ops
+(:class:`PackedForward` says what it computes and in which precision). Why this pays, measured
+with ``scripts/verify_cost.py``: docs/performance.md §2.
 
-What it computes is transformers' Llama forward (RMSNorm → fused qkv → rotary → attention over
-the cache → o → residual → RMSNorm → fused gate/up → SiLU·up → down → residual), with
-
-- the residual stream, norms, rotary, softmax and the returned logits in float32;
-- products with ``weights="fp32"`` in float32 (same numbers as transformers' fp32 forward up to
-  summation order), or with ``weights="bf16"`` on bf16 inputs and weights (outputs rounded to
-  bf16, as in a bf16 model; the bundled checkpoints are stored in bf16, so the weights are exact),
-  or with ``weights="int8"`` (``--kernels packed-int8``, opt-in) on bf16 inputs and weight-only
-  int8 weights with one scale per output channel (:class:`Int8Linear`; docs/performance.md §9).
-
-It reads and writes the model's ordinary cache (:func:`relaxspec.engine.kv.new_cache`: one
-``update`` per layer, so position-indexed and dynamic layers both work) and takes the batched
-server's ``attention_mask``/``position_ids``, so every engine runs on it unchanged: the one entry
-point is :func:`relaxspec.engine.kv.model_logits`, which uses the forward :func:`attach` gave the
-model. Weights are packed when attached: a model trained afterwards must be attached again.
-
-Models it does not cover (other architectures, sliding windows, biases on o/down, QK norms, a CPU
-without oneDNN) keep transformers' forward; :func:`kernels_of` says which one runs and
-:func:`unsupported_reason` why.
+It reads and writes the model's ordinary cache (:func:`relaxspec.engine.kv.new_cache`) and takes
+the batched server's ``attention_mask``/``position_ids``, so every engine runs on it unchanged:
+the one entry point is :func:`relaxspec.engine.kv.model_logits`, which uses the forward
+:func:`attach` gave the model. Weights are packed when attached: a model trained afterwards must
+be attached again. Models it does not cover (other architectures, sliding windows, biases on
+o/down, QK norms, a CPU without oneDNN) keep transformers' forward; :func:`kernels_of` says which
+one runs and :func:`unsupported_reason` why.
 """
 
 from __future__ import annotations
@@ -210,7 +195,19 @@ class _PackedLayer:
 
 
 class PackedForward:
-    """The decoding forward of one Llama-family model on packed weights (see the module doc)."""
+    """The decoding forward of one Llama-family model on packed weights.
+
+    What it computes is transformers' Llama forward (RMSNorm → fused qkv → rotary → attention over
+    the cache → o → residual → RMSNorm → fused gate/up → SiLU·up → down → residual), with
+
+    - the residual stream, norms, rotary, softmax and the returned logits in float32;
+    - products with ``weights="fp32"`` in float32 (same numbers as transformers' fp32 forward up
+      to summation order), or with ``weights="bf16"`` on bf16 inputs and weights (outputs rounded
+      to bf16, as in a bf16 model; the bundled checkpoints are stored in bf16, so the weights are
+      exact), or with ``weights="int8"`` (``--kernels packed-int8``, opt-in) on bf16 inputs and
+      weight-only int8 weights with one scale per output channel (:class:`Int8Linear`;
+      docs/performance.md §9).
+    """
 
     def __init__(self, model: PreTrainedModel, weights: str = "bf16") -> None:
         config = model.config

@@ -3,37 +3,16 @@
 docs/design.md §4 (Diffusion proposer); VS paper §3 (speculative diffusion decoding, SDD).
 
 The drafter is a Llama stack (Hugging Face ``LlamaForCausalLM`` weights, loadable with
-``from_pretrained``) run with a custom 4D additive attention mask over ``[context | block]``:
+``from_pretrained``) run with a custom 4D additive attention mask over ``[context | block]``
+(:func:`attention_bias`): context tokens attend causally, so the context KV is cached exactly like
+an AR model's (:class:`DiffusionLM`); the γ block tokens attend to the whole context and
+bidirectionally to every block token. Logit shift (as in Dream/DiffuCoder): block token ``d_1`` is
+predicted from the last context token's hidden state — the AR next-token law — and ``d_j`` from
+block slot ``j − 1``'s, so an AR checkpoint is a sensible initialisation and with γ = 1 the
+drafter *is* an AR model.
 
-- context tokens attend causally, so the context KV is cached exactly like an AR model's
-  (:class:`~relaxspec.engine.kv.CachedLM`: prefilled once, rolled back to the committed length);
-- the γ block tokens (``<|mask|>`` or already revealed) attend to the whole context and
-  bidirectionally to every block token.
-
-Logit shift (as in Dream/DiffuCoder, adapted from AR weights): block token ``d_1`` is predicted
-from the hidden state of the last context token — exactly the AR next-token distribution — and
-``d_j`` (j ≥ 2) from the hidden state of block slot ``j − 1``. So an AR checkpoint is a sensible
-initialisation, and with γ = 1 the drafter *is* an AR model.
-
-Decoding a block (:class:`DiffusionProposer`): start from γ masks; at each of S steps predict every
-still-masked position, then reveal the ``ceil(remaining / steps_left)`` positions chosen by the
-``reveal`` order (most confident first, or left to right). The **raw confidence** of a token is its
-probability at the step it was revealed; per-position features (hidden state at reveal,
-confidence, entropy, margin, position, reveal step, block length) go into ``Proposal.features`` for
-the learned survival signals (:mod:`relaxspec.engine.survival`).
-
-Sampling-mode exactness (docs/design.md §4). An exact (or closed-form relaxed) rule needs ``q_i``, the law
-``d_i`` was actually drawn from, to depend only on the draft prefix ``d_<i``:
-
-- ``reveal="left_to_right"``: ``d_i`` is drawn at its reveal step from ``q_i``, which conditions
-  only on tokens to its left revealed at earlier steps — a valid autoregressive factorisation, so
-  ``Exact`` is lossless and every sampling rule's emitted law (docs/design.md §3) holds. With ``S = 1`` all
-  positions are one-step marginals given the context (also exact).
-- ``reveal="confidence"`` with ``S > 1``: the reveal order depends on the sampled tokens and
-  ``q_i`` may condition on tokens to its *right*; it is **exact only under greedy verification**
-  (temperature 0, where the verifier ignores ``q``). Requesting sampling with this combination is
-  an error.
-- ``reveal="auto"`` (default): confidence order for greedy requests, left to right for sampling.
+:class:`DiffusionProposer` decodes one block (its docstring: the reveal orders, the features for
+the learned signals, and when sampling is exact); :class:`DiffusionBatch` drafts many rows together.
 """
 
 from __future__ import annotations
@@ -286,7 +265,7 @@ class DiffusionSettings:
 
     gamma: block length γ ≥ 1 (default: the drafter's bundled operating point, else its training
     block length); steps: denoising steps S, 1 ≤ S ≤ γ; reveal: ``"auto"``, ``"confidence"`` or
-    ``"left_to_right"`` (see the module docstring for exactness).
+    ``"left_to_right"`` (exactness below).
     """
 
     def __init__(
@@ -324,11 +303,32 @@ class DiffusionProposer(DiffusionSettings):
 
     gamma: block length γ ≥ 1 (default: the drafter's bundled operating point, else its training
     block length); steps: denoising steps S, 1 ≤ S ≤ γ; reveal: ``"auto"``, ``"confidence"`` or
-    ``"left_to_right"`` (see the module docstring for exactness).
+    ``"left_to_right"`` (exactness below).
 
     One :meth:`propose` costs S drafter forwards (the first also prefills the committed tokens the
     cache has not seen). ``Proposal.probs[0, i]`` is the processed law ``q_i`` at the step ``d_i``
     was revealed; ``Proposal.confidence[0, i] = q_i(d_i)`` (raw confidence).
+
+    Decoding a block: start from γ masks; at each of S steps predict every still-masked position,
+    then reveal the ``ceil(remaining / steps_left)`` positions chosen by the ``reveal`` order (most
+    confident first, or left to right). The **raw confidence** of a token is its probability at the
+    step it was revealed; per-position features (hidden state at reveal, confidence, entropy,
+    margin, position, reveal step, block length) go into ``Proposal.features`` for the learned
+    survival signals (:mod:`relaxspec.engine.survival`).
+
+    Sampling-mode exactness (docs/design.md §4). An exact (or closed-form relaxed) rule needs
+    ``q_i``, the law ``d_i`` was actually drawn from, to depend only on the draft prefix ``d_<i``:
+
+    - ``reveal="left_to_right"``: ``d_i`` is drawn at its reveal step from ``q_i``, which
+      conditions only on tokens to its left revealed at earlier steps — a valid autoregressive
+      factorisation, so ``Exact`` is lossless and every sampling rule's emitted law
+      (docs/design.md §3) holds. With ``S = 1`` all positions are one-step marginals given the
+      context (also exact).
+    - ``reveal="confidence"`` with ``S > 1``: the reveal order depends on the sampled tokens and
+      ``q_i`` may condition on tokens to its *right*; it is **exact only under greedy
+      verification** (temperature 0, where the verifier ignores ``q``). Requesting sampling with
+      this combination is an error.
+    - ``reveal="auto"`` (default): confidence order for greedy requests, left to right for sampling.
     """
 
     name = "diffusion"

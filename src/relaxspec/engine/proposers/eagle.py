@@ -7,18 +7,7 @@ of ``x_{t+2}``. The head reuses the target's embedding and LM head (frozen); an 
 the head's weights and a config naming the target it was trained for (hidden size, vocabulary,
 hashes of the embedding and LM head) — :func:`check_fits` refuses any other target.
 
-Drafting a chain of K after the committed ``x_0 .. x_{n−1}``: the head's cache holds the pairs
-``(f_t, x_{t+1})`` it has seen with the target's *real* features; one forward feeds the pairs it
-lacks, up to ``t = n − 2``, whose output gives ``q_1`` (the law of ``d_1``); each further step
-feeds ``(f̂, d_i)`` — its own predicted feature, as EAGLE does — for ``q_{i+1}``. The target's
-features come from the verifier's forward (:meth:`~relaxspec.engine.kv.CachedLM.record_hidden`:
-every cached position's hidden state, rolled back with its cache). Pairs made of predicted
-features never survive a cycle: the next draft recomputes them from the real features. Before the
-target has scored the committed tokens (the first cycle of a generation, or tokens committed
-unverified) there is nothing to draft from, and the proposal is empty (the engine runs an AR step).
-
-Each ``d_i`` is drawn from the processed head law ``q_i`` (argmax when greedy), so every rule
-composes with it as with a draft model.
+How a chain of K is drafted from the target's recorded features: :class:`EagleProposer`.
 """
 
 from __future__ import annotations
@@ -201,9 +190,22 @@ def load_eagle(path: str | Path) -> LoadedEagle:
 
 
 class EagleProposer:
-    """Draft a chain of ``k`` tokens with an EAGLE head on ``target``'s hidden states (module doc).
+    """Draft a chain of ``k`` tokens with an EAGLE head on ``target``'s hidden states (EAGLE §3).
 
     ``recorded``: the fingerprint of the target the head was trained for (checked here).
+
+    Drafting a chain of K after the committed ``x_0 .. x_{n−1}``: the head's cache holds the pairs
+    ``(f_t, x_{t+1})`` it has seen with the target's *real* features; one forward feeds the pairs it
+    lacks, up to ``t = n − 2``, whose output gives ``q_1`` (the law of ``d_1``); each further step
+    feeds ``(f̂, d_i)`` — its own predicted feature, as EAGLE does — for ``q_{i+1}``. The target's
+    features come from the verifier's forward (:meth:`~relaxspec.engine.kv.CachedLM.record_hidden`:
+    every cached position's hidden state, rolled back with its cache). Pairs made of predicted
+    features never survive a cycle: the next draft recomputes them from the real features. Before the
+    target has scored the committed tokens (the first cycle of a generation, or tokens committed
+    unverified) there is nothing to draft from, and the proposal is empty (the engine runs an AR step).
+
+    Each ``d_i`` is drawn from the processed head law ``q_i`` (argmax when greedy), so every rule
+    composes with it as with a draft model.
     """
 
     name = "eagle"

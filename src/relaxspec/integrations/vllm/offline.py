@@ -4,26 +4,11 @@
 :class:`VLLMResult` per prompt (``text``, ``tokens`` = generated ids, ``stats`` with ``tau``).
 The engine is a ``vllm.LLM`` with vLLM's draft-model proposer (``k`` drafts per step) and the
 plugin; the rule goes to vLLM per request in ``SamplingParams.extra_args``, so one engine serves
-every rule at its ``k`` (``generate(..., rule={"rule": "topk", "accept_k": 3})``).
+every rule at its ``k`` (``generate(..., rule={"rule": "topk", "accept_k": 3})``). ``stock=True``
+is vLLM without the plugin (the ``vllm-ar`` / ``vllm-sd`` peers).
 
-``stock=True`` is vLLM without the plugin (the ``vllm-ar`` / ``vllm-sd`` peers): the plugin is
-left out of every vLLM process (``VLLM_PLUGINS``) and, where vLLM runs in this process, its hooks
-are undone while this engine works.
-
-``stats.tau`` is tokens emitted per target forward: each engine step in which a request gains
-tokens is one target forward for it (its prefill included), counted from vLLM's step outputs,
-the same way for stock vLLM and for the plugin. Plugin engines also report, per draft position,
-drafts verified, accepted, and accepted only thanks to the relaxation (``relaxed_per_pos``).
-
-Temperature > 0 with the plugin uses ``draft_sample_method="probabilistic"``: vLLM then hands the
-rule the draft model's real distribution ``q``, and ``sd`` is exact. (With vLLM's default greedy
-drafting, ``q`` is one-hot at the draft token — that is the true law of a greedy drafter, so
-``sd`` is still exact, but acceptance is ``p(d)`` instead of ``Σ min(p, q)``.)
-
-vLLM's engine runs in this process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: seconds to
-start instead of half a minute); ``multiprocessing=True`` gives it its own process, which lets
-several engines live side by side. ``tensor_parallel_size > 1`` spawns one worker per rank
-(on CPU set ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``"0|1"``).
+How ``tau`` is counted, why sampling uses probabilistic drafting, and the process options
+(``multiprocessing``, ``tensor_parallel_size``): docs/vllm.md, "The plugin, file by file".
 """
 
 from __future__ import annotations

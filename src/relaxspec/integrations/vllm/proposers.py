@@ -1,67 +1,17 @@
 """ProVe's block proposer and the masked-diffusion drafter as vLLM proposers (docs/design.md §8, issue 13).
 
-Two seams of vLLM 0.32 carry our proposers; this module only adapts layouts — the proposers
-themselves are :mod:`relaxspec.engine.proposers` and the rules :mod:`relaxspec.core.acceptance`.
+This module only adapts layouts — the proposers themselves are :mod:`relaxspec.engine.proposers`
+and the rules :mod:`relaxspec.core.acceptance`. Three seams of vLLM 0.32 carry them:
 
-**Block proposer (MARS; ``prove-lossless``, ``prove``, block-drafted ``sd``/``nsd``/...): vLLM's
-parallel drafting.** ``speculative_config = {"method": "draft_model", "model": <block dir>,
-"parallel_drafting": True, "num_speculative_tokens": B}``. Per step vLLM feeds the drafter, per
-request, the target's newly verified tokens, the token just sampled, then ``B − 1`` placeholder
-tokens, in one forward with ordinary causal attention over the drafter's own (vLLM-paged) KV cache;
-the outputs at the sampled token and at the placeholders are the B draft laws
-(``vllm/v1/spec_decode/llm_base_proposer.py``: ``set_inputs_first_pass`` →
-``copy_and_expand_eagle_inputs``; rejected tokens are moved behind the placeholders and not
-written, and a placeholder's KV slot is overwritten by the real token at that position in the next
-step). That is exactly the layout :mod:`relaxspec.train.block` trains (a noisy token attends
-causally to the earlier tokens of its own block, whose first token is the real last token, and to
-the clean tokens before the block) and :class:`relaxspec.engine.proposers.block.BlockProposer`
-decodes with, so the bundled ``models/block`` runs there unchanged. The placeholder id comes from
-the model's ``mars_mask_token_id`` (vLLM looks for ``pard_token`` & co.): :func:`mars_hf_overrides`
-is passed as the engine's ``hf_overrides`` and vLLM composes it into the drafter's config.
+- the block proposer (``prove-lossless``, ``prove``, block-drafted ``sd``/``nsd``/...) as vLLM's
+  parallel drafting (:func:`mars_hf_overrides`, :func:`greedy_draft_probs`);
+- the block model drafting inside its own verification forward (``seam=fused``,
+  :class:`FusedBlockDrafter`);
+- the diffusion drafter (``sdd``) as a custom proposer class (:class:`DiffusionDrafter`).
 
-**Block model drafting inside its own verification forward (``prove-lossless``'s default,
-``seam=fused``): a custom proposer class with no model.** ``prove-lossless``'s verifier is the block
-model itself, and a block draft is a causal forward of the same layout as a verify forward, so the
-target forward carries the next block's placeholders after the drafts it verifies
-(:class:`FusedBlockDrafter`; the acceptance step draws the next block from the target's laws at
-the placeholders, :func:`relaxspec.engine.proposers.block.draw_next_block`). One forward
-per step instead of two.
-
-The ``Gate`` rule of ``prove`` needs the proposer's own probability of each draft. vLLM hands
-``draft_probs`` to the acceptance step only when it samples drafts (``draft_sample_method =
-"probabilistic"`` and some request has T > 0); for an all-greedy batch the plugin makes the block
-drafter return ``softmax(logits)`` alongside its argmax drafts (same tokens), so
-``q_i(d_i)`` is real at T = 0 too (:func:`greedy_draft_probs`).
-
-**Diffusion drafter (``sdd`` with any accept rule): a custom proposer class.**
-``speculative_config = {"method": "custom_class", "model":
-"relaxspec.integrations.vllm.proposers.DiffusionDrafter", "num_speculative_tokens": γ}``; the
-drafter directory, γ, S and the reveal order travel in ``additional_config["relaxspec_diffusion"]``.
-It cannot be a vLLM draft model: it attends bidirectionally inside the block and unmasks it in S
-passes. :class:`DiffusionDrafter` drafts every row of a step together
-(:class:`~relaxspec.engine.proposers.diffusion.DiffusionBatch`: one context KV cache with a row
-per request id, S batched forwards per step), the row created on the request's first draft and
-freed when vLLM reports the request finished (the plugin hooks the model runner's
-``_update_states``), and hands each row's real ``q`` (the law each token
-was drawn from; reveal order as in our engine: confidence when greedy, left to right when
-sampling) to the acceptance step. vLLM gives a custom proposer no request ids and collects no
-draft probabilities from it, so the plugin binds the model runner to it before each ``propose``
-and moves :meth:`DiffusionDrafter.take_last_draft_probs` into the runner's draft-prob slot
-afterwards (:func:`.hooks.propose_draft_token_ids`). It also hands over the step's draft length
-from vLLM's batch-size schedule (``num_speculative_tokens_per_batch_size``, which vLLM passes only
-to its own proposers): our custom proposers draft at most that many tokens per row
-(:func:`add_k_schedule`; parallel drafting does not follow a schedule and refuses one).
-
-Memory outside vLLM's KV budget (``VLLM_CPU_KVCACHE_SPACE``): the drafter's weights (float32,
-5.1M parameters = 20 MB for the bundled one) once per worker, plus the shared context cache:
-``2 · layers · hidden · 4`` bytes per slot (6 KiB for the bundled drafter) × (live rows + up to
-half as many spare rows) × slots, the longest row's length plus holes (compacted when they
-outnumber valid slots); buffers start at 256 slots and double, so 1.5 MiB per short request, at
-most 6 MiB per row at the 1024-token context. :meth:`DiffusionDrafter.state_info` reports the
-live bytes (0 once every request is freed).
-
-Verifier skipping (``sdd-skip``, ``sdd-periodic``, ``mars``) stays in relaxspec's own engine: vLLM
-runs the target on every scheduled step and no seam lets a proposer commit tokens unverified.
+Why each layout matches what the models were trained on, the drafter's memory outside vLLM's KV
+budget, and why verifier skipping stays in relaxspec's engine: docs/vllm-proposers.md, "The seams,
+and why".
 """
 
 from __future__ import annotations
@@ -183,9 +133,8 @@ def add_k_schedule(spec: dict[str, Any], k_schedule: Sequence[tuple[int, int, in
     """Put a batch-size schedule of the draft length into vLLM's ``speculative_config``.
 
     Refused for parallel drafting (the block proposer's default seam): vLLM 0.32 runs it at a
-    scheduled K below the configured one, but slowly and with rows left without drafts — load
-    test with ``1-4:8,5-8:4,9-1024:0``: 0.48×, 0.40×, 0.37× vLLM AR at 8, 16, 32 requests, where
-    it ran 0.92× / 0.79× at 16 / 32 unscheduled (docs/vllm-proposers.md, session 18). Our own
+    scheduled K below the configured one, but slowly and with rows left without drafts, below
+    vLLM AR under load (docs/vllm-proposers.md, "a batch-size schedule of K"). Our own
     proposers (``seam=own-cache``, ``seam=fused``, the diffusion drafter) follow it; for
     ``seam=fused`` the schedule's values are block sizes (converted to :func:`fused_slots`).
     """
@@ -193,8 +142,9 @@ def add_k_schedule(spec: dict[str, Any], k_schedule: Sequence[tuple[int, int, in
         return
     if spec.get("parallel_drafting"):
         raise RelaxSpecError(
-            "--k-schedule does not work with vLLM's parallel drafting (measured 0.37-0.48x vLLM AR); "
-            "use the block proposer's own-cache seam (seam=own-cache) for a batch-size schedule"
+            "--k-schedule does not work with vLLM's parallel drafting (slower than vLLM AR, "
+            "docs/vllm-proposers.md); use the block proposer's own-cache seam (seam=own-cache) "
+            "for a batch-size schedule"
         )
     k = spec["num_speculative_tokens"]
     fused = spec.get("model") == FUSED_CLASS  # the schedule gives block sizes; vLLM counts slots
@@ -505,8 +455,8 @@ class FusedBlockDrafter(PluginProposer):
     (``additional_config["relaxspec_fused"]``, default
     :data:`~relaxspec.engine.proposers.block.DEFAULT_MIN_CONFIDENCE`; 0 = never):
     a rejected draft costs more here than on the other seams, because the step after a rejection
-    verifies nothing (it only drafts), so a block short enough to be accepted whole pays — on math
-    the cut at 0.3 raised tokens per target forward from 2.47 to 2.75 (session 19).
+    verifies nothing (it only drafts), so a block short enough to be accepted whole pays (the
+    measured cut: docs/vllm-proposers.md, the fused seam's benchmarks).
 
     ``num_speculative_tokens`` = 2B − 1 (:func:`fused_slots`); vLLM's batch-size schedule counts
     slots too (:func:`add_k_schedule` converts block sizes). The target must be the block model

@@ -7,33 +7,10 @@ None, processed target logits ``[N, V]`` (penalties, temperature, top-k/top-p al
 vLLM), vLLM's bonus tokens ``[B, 1]``, and ``sampling_metadata`` (temperatures, per-request seeded
 generators). It returns ``int32 [B, max_spec_len + 1]`` padded with ``-1``.
 
-How a row is verified, with :func:`relaxspec.core.acceptance.verify_unchecked` (the inputs are
-vLLM's own float32 softmax outputs; never a copy of a rule):
-
-- the row's rule is the request's :class:`~relaxspec.integrations.vllm.rules.RuleChoice`, greedy
-  variant when its temperature is 0;
-- draft slots from the first ``-1`` on are not drafts: the row is cut there (``K' < K``) and the
-  token after the accepted prefix is drawn from the target at the cut, like any rejection;
-- the law after the last draft is vLLM's bonus token: ``p_{K'+1}`` is set to the one-hot of the
-  bonus token vLLM already sampled (its sampler applied top-k/top-p and the request's seed), so
-  the verdict's bonus is exactly vLLM's;
-- ``q``: vLLM's draft probabilities when it gives them (``draft_sample_method="probabilistic"``);
-  otherwise one-hot at the draft token, which *is* the proposal law of a greedy drafter, so
-  ``Exact`` stays exact (acceptance ``p(d)``, residual ``p`` without ``d``) and relaxed rules
-  follow :func:`relaxspec.theory.emitted_distribution` with that one-hot ``q``;
-- rows are grouped by (rule, greedy, K'); a row with its own seeded generator is verified alone
-  with that generator, so seeded requests are reproducible and independent of their batch;
-- fused block rows (``prove-lossless`` with ``seam=fused``, :class:`~relaxspec.integrations.vllm.
-  proposers.FusedBlockDrafter`): the row's real drafts end at its first placeholder token, after
-  which come ``m`` placeholders. The row is cut there as above, so the token after the last draft is
-  the target's own; when every real draft is accepted, the target's laws at the first ``m − 1``
-  placeholders are the block model's laws of the ``m − 1`` tokens after that one (ProVe §2's block
-  layout, the accepted tokens as the block's context): the next drafts are drawn from them
-  (:func:`relaxspec.engine.proposers.block.draw_next_block`) and handed to the proposer
-  (:func:`take_fused_drafts`).
-
-Counters (per draft position): drafts verified, accepted, and accepted *only* because of the
-relaxation (accepted beyond the exact rule's prefix on the same uniforms) — see :func:`snapshot`.
+Each row is verified with :func:`relaxspec.core.acceptance.verify_unchecked` (vLLM's own float32
+softmax outputs; never a copy of a rule), grouped by (rule, greedy, K'); how cuts, the bonus
+token, a missing ``q``, seeded rows and fused block rows are handled: docs/vllm.md, "How a step is
+verified" and "The plugin, file by file". Counters per draft position: :func:`snapshot`.
 """
 
 from __future__ import annotations

@@ -8,37 +8,10 @@ form; unset: ``sd``, i.e. lossless). A :class:`RuleChoice` holds the two rule ob
 variant (temperature 0). Constructing them validates every value (``RelaxSpecError``); this
 module never evaluates a rule itself.
 
-Vocabulary (method names as in :mod:`relaxspec.methods`; rule names are aliases):
-
-=============  ==============  =========================================  =====================
-``rule``       alias           sampling rule / greedy rule                parameters (default)
-=============  ==============  =========================================  =====================
-``sd``         ``exact``       ``Exact()`` / ``Greedy()``                 —
-``nsd``        ``nucleus``     ``Nucleus(θ)`` / ``Nucleus(θ, greedy)``    ``theta`` (per regime)
-``topk``       ``top_k``       ``TopK(k)`` / ``TopK(k, greedy)``          ``accept_k`` (2)
-``typical``    —               ``Typical(ε, δ)`` / greedy variant         ``epsilon`` (0.09), ``delta`` (0.3)
-``lenience``   —               ``Lenience(ℓ)`` / ``Lenience(ℓ, greedy)``  ``ell`` (0.5)
-``greedy``     —               ``Greedy()`` at every temperature          —
-``topk-delta`` ``topk_delta``  ``TopKDelta(N, δ)`` / greedy variant       ``top_n`` (3), ``delta`` (0.1)
-``threshold``  —               ``Threshold(s, a)`` / greedy variant       ``single`` (0.5), ``acc`` (1.0)
-``fly``        —               ``FLy(W, H, k)`` / greedy variant          ``window`` (min(6, K−1)),
-                                                                          ``entropy_threshold`` (0.3),
-                                                                          ``entropy_top_k`` (3)
-``gate``       ``prove``       ``Gate(θ)`` at every temperature           ``theta`` (0.05)
-=============  ==============  =========================================  =====================
-
-Names, parameters and defaults are those of :data:`relaxspec.core.named_rules.RULES` (the table
-above is a summary), the same the method presets of :mod:`relaxspec.methods` verify with.
-``gate`` is ProVe's product gate ``q(d_i)·p(d_i) ≥ θ``
-(first draft always accepted, no corrected token): it needs the proposer's real ``q`` — the block
-drafter hands it over at every temperature (:mod:`.proposers`); with a proposer that gives none,
-``q`` is one-hot and the gate reads ``p(d_i) ≥ θ``.
-
-An HTTP request's ``vllm_xargs`` (:func:`check_request`) is held to the documented set: every rule
-above but ``gate``, which only a server started with ``--method prove`` (its default rule) takes;
-and a value of ``true``/``false`` is refused for every relaxspec key (vLLM's request model would
-otherwise read ``true`` as the number 1). In-process callers (``SamplingParams.extra_args``,
-:class:`~relaxspec.integrations.vllm.offline.VLLMEngine`) may name ``gate``.
+Names, parameters and defaults are those of :data:`relaxspec.core.named_rules.RULES` (the table:
+docs/vllm.md, "Rules and parameters"). An HTTP request's ``vllm_xargs`` (:func:`check_request`) is
+held to the documented set — ``gate`` only on a server started with ``--method prove``, and no
+``true``/``false`` for a relaxspec key; in-process callers may name ``gate``.
 """
 
 from __future__ import annotations

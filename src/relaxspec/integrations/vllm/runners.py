@@ -1,23 +1,13 @@
 """vLLM rows for ``relaxspec bench`` / ``generate`` / ``loadtest`` (``--engine vllm``; docs/design.md §6, §8).
 
-- our methods through vLLM + the plugin: ``ar``, ``sd``, ``nsd``, ``topk``, ``typical``,
-  ``lenience`` (parameters as in :mod:`relaxspec.methods`: ``k``, ``theta``, ``accept_k``, ...);
-- ProVe and SDD with our proposers inside vLLM (:mod:`.proposers`; parameters as in
-  :mod:`relaxspec.methods`): ``prove-lossless`` (target = proposer = the block model, B =
-  ``block_size``, lossless), ``prove`` (block proposer, small verifier = the draft model, ``Gate(θ)``),
-  ``sdd`` (diffusion drafter, target, ``accept`` = exact | lenience | topk | nucleus, ``gamma``,
-  ``steps``, ``reveal``). ``mars``, ``sdd-skip`` and ``sdd-periodic`` skip the verifier and stay in
-  relaxspec's engine (vLLM runs the target every step);
-- peers = stock vLLM, plugin out: ``vllm-ar`` and ``vllm-sd`` (``k``; vLLM's default greedy
-  drafting, i.e. what a user of stock vLLM gets). ``vllm-ar`` takes an optional ``model``
-  (``target`` by default, or ``block`` / ``draft``): AR of the model a method verifies with,
-  e.g. ``--set vllm-ar.model=block`` beside ``prove-lossless``.
-
-Engines are shared: every rule at one ``k`` runs on the same vLLM engine (the rule is a
-per-request argument), so a θ grid costs one engine. Benchmark engines run in their own processes
-(``multiprocessing=True``) so that several stay alive side by side and prompts can be interleaved
-across cells; a runner records, per generation, the same counters as our engine
-(:class:`relaxspec.engine.stats.GenerationStats` field names).
+Our methods through vLLM and the plugin (``ar``, ``sd``, ``nsd``, ``topk``, ``typical``,
+``lenience``), ProVe and SDD with our proposers inside vLLM (``prove-lossless``, ``prove``,
+``sdd``; :mod:`.proposers`), and the stock peers ``vllm-ar`` and ``vllm-sd`` (plugin out).
+``mars``, ``sdd-skip`` and ``sdd-periodic`` skip the verifier and stay in relaxspec's engine.
+Every rule at one ``k`` shares one engine (the rule is a per-request argument), so a θ grid costs
+one engine; a runner records the same counters as our engine
+(:class:`relaxspec.engine.stats.GenerationStats` field names). Each row's parameters:
+docs/vllm.md, "The plugin, file by file".
 """
 
 from __future__ import annotations

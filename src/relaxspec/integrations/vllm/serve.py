@@ -1,26 +1,16 @@
 """``relaxspec serve --engine vllm``: vLLM's OpenAI-compatible server with the plugin (docs/design.md §8).
 
 :func:`serve` starts vLLM's own API server (``vllm serve``'s code path) on the target model with
-vLLM's draft-model proposer, after setting, for every vLLM process it starts:
-
-- ``RELAXSPEC_VLLM_RULE``: the server's default rule (``--method nsd --theta 0.95``); a request
-  picks another with ``vllm_xargs`` (``{"rule": "topk", "accept_k": 3}``), validated in the
-  front end: a bad rule or value is a 400 and the server keeps serving;
-- ``RELAXSPEC_VLLM_STATS_DIR``: where the sampler leaves its per-position counts, which this
-  process exports on ``/metrics`` beside vLLM's own spec-decode metrics:
-  ``relaxspec_drafts_total{position}``, ``relaxspec_accepted_total{position}``,
-  ``relaxspec_relaxed_accepted_total{position}`` (accepted only thanks to the relaxation),
-  ``relaxspec_verify_rows_total``, ``relaxspec_emitted_tokens_total``.
-
-Our middleware (:mod:`.guard`) stands before every route vLLM mounts: the API key (all but
-``/health``), the body cap, the ``max_tokens`` cap and default. The other serving flags map to
-vLLM's: ``max_concurrency`` -> ``--max-num-seqs``, ``max_tokens_cap`` -> also
-``--override-generation-config`` (vLLM clamps to it), ``log_level`` -> ``VLLM_LOGGING_LEVEL`` and
-``--uvicorn-log-level``.
+vLLM's draft-model proposer, after setting, for every vLLM process it starts,
+``RELAXSPEC_VLLM_RULE`` (the server's default rule; a request picks another with ``vllm_xargs``,
+validated in the front end) and ``RELAXSPEC_VLLM_STATS_DIR`` (where the sampler leaves its
+per-position counts, which this process exports on ``/metrics`` beside vLLM's own). Our middleware
+(:mod:`.guard`) stands before every route vLLM mounts.
 
 Nothing outlives the server: vLLM's processes die with it (:func:`plugin.die_with_parent`) and the
 stats directory is removed on return, exception or SIGTERM here, after a ``kill -9`` by a watchdog
-process (:mod:`.stats_watchdog`), and, were that killed too, at the next start (:func:`temporary_stats_dir`).
+process (:mod:`.stats_watchdog`), and, were that killed too, at the next start
+(:func:`temporary_stats_dir`). Flag mapping and metric names: docs/vllm.md.
 """
 
 from __future__ import annotations
