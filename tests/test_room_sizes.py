@@ -1,6 +1,6 @@
 """Rooms stay small (issue 30): no source file over 1,000 lines, no function over 60 lines or
-with more than 10 parameters (``self`` / ``cls`` not counted; ``cli.py``'s command signatures are
-exempt from the parameter limit: each parameter is a flag).
+with more than 10 parameters (``self`` / ``cls`` not counted; the command signatures of ``cli/``
+are exempt from the parameter limit: each parameter is a flag).
 
 ALLOWED lists what is over a limit today because another change is splitting it; the lead trims
 it as those land. A new entry needs a reason in its comment.
@@ -17,11 +17,10 @@ PACKAGE = Path(relaxspec.__file__).parent
 MAX_FILE_LINES = 1000
 MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 10
-PARAMETERS_EXEMPT = ("cli.py",)  # typer commands: one parameter per flag
+PARAMETERS_EXEMPT = ("cli/",)  # typer commands: one parameter per flag
 
 # Being split by other helpers right now (issue 30 items 1-4): the whole file is exempt.
 ALLOWED_FILES = (
-    "cli.py",
     "methods.py",
     "integrations/vllm/",
     "engine/packed.py",
@@ -35,15 +34,25 @@ ALLOWED_FUNCTIONS: dict[str, str] = {
     "eval/sandbox/harness.py:_install_guard": "closure-captured builtins (sandbox guard)",
     "eval/sandbox/harness.py:_harness": "closure-captured builtins (sandbox harness)",
     "eval/sandbox/wire.py:codec": "closure-captured builtins (wire codec)",
-    # Called with these flags by cli.py, which another helper is splitting into command groups:
-    # a settings object for them belongs with that change.
+    # Typer commands whose flags (one parameter each, with their help) take most of the lines;
+    # a settings object per command would bring them under the limit.
+    "cli/bench.py:bench_cmd": "23 flags in the signature",
+    "cli/serving.py:serve_cmd": "flags in the signature, then one branch per engine",
+    "cli/serving.py:loadtest_cmd": "24 flags in the signature",
+    # Called with these flags by the `train` commands (cli/train.py): a settings object for them
+    # belongs with the one for the commands.
     "train/diffusion.py:train_diffusion": "12 parameters, one per `train diffusion` flag",
     "train/distill.py:build_distill_data": "12 parameters, one per `train distill-data` flag",
 }
 
 
+def _listed(rel: str, entries: tuple[str, ...]) -> bool:
+    """``rel`` is one of ``entries`` or inside one of its folders (an entry ending in "/")."""
+    return any(rel == a or (a.endswith("/") and rel.startswith(a)) for a in entries)
+
+
 def _allowed_file(rel: str) -> bool:
-    return any(rel == a or (a.endswith("/") and rel.startswith(a)) for a in ALLOWED_FILES)
+    return _listed(rel, ALLOWED_FILES)
 
 
 def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -73,7 +82,7 @@ def violations(root: Path = PACKAGE) -> list[str]:
             lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
             if lines > MAX_FUNCTION_LINES:
                 found.append(f"{rel}:{node.lineno} {node.name}: {lines} lines (at most {MAX_FUNCTION_LINES})")
-            if rel not in PARAMETERS_EXEMPT and parameters(node) > MAX_PARAMETERS:
+            if not _listed(rel, PARAMETERS_EXEMPT) and parameters(node) > MAX_PARAMETERS:
                 found.append(f"{rel}:{node.lineno} {node.name}: {parameters(node)} parameters")
     return found
 
