@@ -122,6 +122,7 @@ def test_report_renders_tables_plots_and_html(results_dir, tmp_path):
         png = out.parent / rel
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert any("sweep-theta" in i for i in images) and any("sweep-k" in i for i in images)
+    assert any(i.endswith("-rejections.png") for i in images)  # nsd rows carry the diagnostics
     html = out.with_suffix(".html").read_text()
     assert "<table>" in html and "<img" in html
 

@@ -33,6 +33,7 @@ from relaxspec.eval.plots import (
     plot_acceptance,
     plot_calls,
     plot_frontier,
+    plot_rejections,
     plot_sweep,
     plot_tau,
     sweeps,
@@ -204,6 +205,7 @@ def section(
             plot_calls(group, plots / f"{slug}-calls.png", title),
             plot_tau(group, plots / f"{slug}-tau.png", title),
             plot_acceptance(group, plots / f"{slug}-acceptance.png", title),
+            plot_rejections(group, plots / f"{slug}-rejections.png", title),
         ]
         for param, rs in sweeps(group).items():
             images.append(plot_sweep(rs, param, plots / f"{slug}-sweep-{_slug(param)}.png", title))
