@@ -8,7 +8,6 @@ Two engines for the module: ours (plugin, ngram, K = 4) and stock vLLM AR.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -24,7 +23,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.bench import BenchConfig, plan
 from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm import runners
-from relaxspec.integrations.vllm.lookup import lookup_speculative_config
+from relaxspec.integrations.vllm.lookup import has_suffix_decoding, lookup_speculative_config
 from relaxspec.integrations.vllm.offline import VLLMEngine
 
 TOKENS = 48
@@ -135,7 +134,7 @@ def test_bench_grid_runs_the_rules_on_ngram_beside_the_stock_ngram_peer():
 
 
 def test_suffix_needs_arctic_inference_or_builds_its_config():
-    if importlib.util.find_spec("arctic_inference") is None:
+    if not has_suffix_decoding():
         with pytest.raises(RelaxSpecError, match="needs the arctic-inference package"):
             lookup_speculative_config("suffix", 4)
     else:
@@ -145,9 +144,7 @@ def test_suffix_needs_arctic_inference_or_builds_its_config():
 
 
 @pytest.mark.slow  # starts a vLLM engine
-@pytest.mark.skipif(
-    importlib.util.find_spec("arctic_inference") is None, reason="arctic-inference not installed"
-)
+@pytest.mark.skipif(not has_suffix_decoding(), reason="arctic-inference (with its suffix tree) not installed")
 def test_greedy_sd_on_suffix_is_greedy_ar_and_nsd_accepts_more(stock_ar):
     ar = [r.tokens for r in stock_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
     engine = VLLMEngine("sd", proposer="suffix", k=4, max_model_len=512)
@@ -159,3 +156,24 @@ def test_greedy_sd_on_suffix_is_greedy_ar_and_nsd_accepts_more(stock_ar):
     assert [r.tokens for r in sd] == ar
     assert sum(sd[0].stats["plugin"]["drafted_per_pos"]) > 0
     assert nsd[0].stats["plugin"]["relaxed_accepted"] > 0
+
+
+def test_vllm_serve_command_lines_for_ngram():
+    import json
+
+    from relaxspec.integrations.vllm.serve import vllm_args
+
+    def spec(argv):
+        return json.loads(argv[argv.index("--speculative-config") + 1])
+
+    argv, rule = vllm_args("nsd", {"theta": 0.9, "proposer": "ngram", "prompt_lookup_max": 3}, k=4)
+    assert spec(argv) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    assert rule is not None and rule.to_extra_args() == {"rule": "nsd", "theta": 0.9}
+    argv, _ = vllm_args("sd", {"proposer": "ngram"}, stock=True)  # the stock vllm-ngram peer's server
+    assert spec(argv)["method"] == "ngram"
+    with pytest.raises(RelaxSpecError, match="must be at most prompt_lookup_max"):
+        vllm_args("sd", {"proposer": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 3})
+    with pytest.raises(RelaxSpecError, match="takes proposer=draft, ngram or suffix"):
+        vllm_args("sd", {"proposer": "block"})
+    command = runners.serve_command("vllm-ngram")
+    assert command[-5:] == ["--method", "sd", "--stock", "--proposer", "ngram"]

@@ -23,7 +23,7 @@ from typing import Any
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.methods import LOOKUP_PROPOSERS, PROMPT_LOOKUP_MAX, PROMPT_LOOKUP_MIN
 
-SUFFIX_PACKAGE = "arctic_inference"  # the module vLLM imports for suffix decoding
+SUFFIX_MODULE = "arctic_inference.suffix_decoding"  # what vLLM imports for suffix decoding
 SUFFIX_PIN = "arctic-inference==0.1.1"  # what vLLM 0.32's own message asks for
 
 
@@ -50,13 +50,21 @@ def check_prompt_lookup(
     return prompt_lookup_min, prompt_lookup_max
 
 
+def has_suffix_decoding() -> bool:
+    """True where arctic-inference's suffix tree can be imported (its wheels before 0.1 have none)."""
+    try:
+        return importlib.util.find_spec(SUFFIX_MODULE) is not None
+    except ImportError:  # no arctic_inference package at all
+        return False
+
+
 def require_suffix() -> None:
     """A clear error where vLLM's suffix decoding cannot load (vLLM's own is an ImportError deep in
     its config validation)."""
-    if importlib.util.find_spec(SUFFIX_PACKAGE) is None:
+    if not has_suffix_decoding():
         raise RelaxSpecError(
-            f"proposer=suffix is vLLM's suffix decoding, which needs the arctic-inference package "
-            f"(pip install {SUFFIX_PIN}; docs/vllm-proposers.md): not installed"
+            f"proposer=suffix is vLLM's suffix decoding, which needs the arctic-inference package with "
+            f"its suffix tree (pip install {SUFFIX_PIN}; docs/vllm-proposers.md): not installed"
         )
 
 

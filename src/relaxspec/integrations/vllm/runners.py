@@ -468,10 +468,12 @@ def serve_command(method: str, extra: Sequence[str] = ()) -> list[str]:
     import sys
 
     stock = is_peer(method)
-    kind = {"vllm-ar": "ar", "vllm-sd": "sd"}.get(method, method)
+    kind = {"vllm-ar": "ar", "vllm-sd": "sd", "vllm-ngram": "sd"}.get(method, method)
     command = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", "--method", kind]
     if stock:
         command.append("--stock")
+    if method == "vllm-ngram":
+        command += ["--proposer", "ngram"]
     return command + list(extra)
 
 
