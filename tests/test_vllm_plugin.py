@@ -141,6 +141,43 @@ def test_one_hot_q_when_vllm_gives_no_draft_probs():
     assert_law(counts, emitted_distribution(Nucleus(0.8), P, onehot))
 
 
+# Every draft-model rule, relaxed where the draft below (token 2, p = 0.14) sits.
+ONE_HOT_RULES = [
+    ("sd", {}),
+    ("nsd", {"theta": 0.8}),
+    ("topk", {"accept_k": 3}),
+    ("typical", {}),
+    ("lenience", {"ell": 0.25}),
+    ("topk-delta", {"top_n": 3, "delta": 0.3}),
+    ("threshold", {"single": 0.1}),
+    ("fly", {}),  # K = 1: no later drafts to defer on, so FLy is Exact
+]
+
+
+@pytest.mark.parametrize("rule", ONE_HOT_RULES, ids=[r[0] for r in ONE_HOT_RULES])
+def test_every_rule_on_drafts_without_probabilities(rule):
+    """A proposer without draft probabilities (vLLM's ngram / suffix: ``draft_probs=None``) drafts
+    ``d`` with the one-hot law: the plugin accepts ``d`` with probability ``h(d)`` and otherwise
+    emits a token from ``p`` without ``d`` — ``h(d) ≥ p(d)`` for every rule, so the residual
+    ``(p − h·onehot_d)⁺`` is ``p`` off ``d``; ``sd`` (``h = p(d)``) emits exactly ``p``."""
+    d = 2
+    onehot = torch.nn.functional.one_hot(torch.tensor(d), V).float()
+    obj = RuleChoice(*rule).rule(False)
+    h = float(obj.h_full(P, onehot)[d])
+    law = h * onehot + (1 - h) * P * (1 - onehot) / (1 - P[d])
+    if rule[0] != "fly":  # FLy has no single-step law in theory (its window reads later drafts)
+        assert torch.allclose(emitted_distribution(obj, P, onehot), law, atol=1e-6)
+    counts = first_token_law(rule, n=100_000, draft_probs=False, fixed_draft=d)
+    if h == 1.0:  # d lies in the rule's relaxed set: every row emits it
+        assert counts[d] == counts.sum()
+    else:
+        assert_law(counts, law)
+    if rule[0] in ("sd", "fly"):
+        assert abs(h - float(P[d])) < 1e-6
+    else:  # decisive: the relaxation shows, d is emitted far more often than p(d)
+        assert h > 2 * float(P[d]) and counts[d] / counts.sum() > 2 * float(P[d])
+
+
 def _row_reference(rule, tokens, q, p_rows, bonus, gen):
     """verify on one row as the module doc describes (cut at -1; bonus as a one-hot last law)."""
     ids = list(tokens)

@@ -82,7 +82,8 @@ class VllmRow:
     """How a method runs inside vLLM (read by :mod:`relaxspec.integrations.vllm.runners`).
 
     ``proposer``: ``ar`` (no drafts), ``draft`` (vLLM's draft-model proposer; ``proposer=block``
-    swaps in a MARS drafter), ``block`` (a block proposer: ``seam`` picks how), ``diffusion``.
+    swaps in a MARS drafter, ``proposer=ngram`` / ``suffix`` vLLM's model-free proposers),
+    ``block`` (a block proposer: ``seam`` picks how), ``diffusion``.
     ``extras``: parameters only the vLLM row has; ``drops``: engine parameters it does not take.
     """
 
@@ -138,9 +139,35 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
-# vLLM-only: which drafter a draft-model rule runs with (a MARS block drafter: block size = k)
+# vLLM-only: which drafter a draft-model rule runs with: the draft model, a MARS block drafter
+# (block size = k), or one of vLLM's model-free proposers (integrations/vllm/lookup.py), whose
+# drafts carry no probabilities (q is one-hot at the draft): ngram (prompt lookup in the request's
+# own context, window prompt_lookup_min..max) or suffix (suffix decoding, needs arctic-inference)
+LOOKUP_PROPOSERS = ("ngram", "suffix")
 RULE_PROPOSER = Param(
-    "proposer", str, "draft", "vLLM drafter: draft model or block proposer", choices=("draft", "block")
+    "proposer",
+    str,
+    "draft",
+    "vLLM drafter: draft model, block proposer, or vLLM's model-free ngram / suffix",
+    choices=("draft", "block", *LOOKUP_PROPOSERS),
+)
+PROMPT_LOOKUP_MIN = Param(
+    "prompt_lookup_min",
+    int,
+    None,
+    "proposer=ngram: shortest n-gram matched (None: prompt_lookup_max, or vLLM's 5)",
+    lo=1,
+    hi=MAX_DRAFT_WORK,
+    optional=True,
+)
+PROMPT_LOOKUP_MAX = Param(
+    "prompt_lookup_max",
+    int,
+    None,
+    "proposer=ngram: longest n-gram matched (None: prompt_lookup_min, or vLLM's 5)",
+    lo=1,
+    hi=MAX_DRAFT_WORK,
+    optional=True,
 )
 
 
@@ -177,7 +204,7 @@ def draft_model_method(
         )
 
     params = declare(K, *rule.params.values())
-    row = VllmRow("draft", declare(RULE_PROPOSER))
+    row = VllmRow("draft", declare(RULE_PROPOSER, PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX))
     return MethodSpec(name, summary, ("target", "draft"), params, build, validate, rule=rule, vllm=row)
 
 

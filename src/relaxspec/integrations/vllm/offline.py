@@ -25,6 +25,8 @@ from typing import Any
 from relaxspec.core.sampling import check_temperature, check_top_p
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations import vllm as plugin
+from relaxspec.integrations.vllm.hooks import make_llvmlite_scannable
+from relaxspec.integrations.vllm.lookup import check_prompt_lookup, lookup_speculative_config
 from relaxspec.integrations.vllm.rules import PARAM_KEYS, RULE_NAMES, RuleChoice, canonical, default_env
 from relaxspec.models import model_dir
 from relaxspec.params import DEFAULT_K
@@ -91,13 +93,16 @@ def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = Non
     return env
 
 
-# Proposer kind -> the model role it loads by default (docs/design.md §8; .proposers).
-PROPOSER_ROLES = {
+# Proposer kind -> the model role it loads by default (docs/design.md §8; .proposers); None: vLLM's
+# model-free proposers (.lookup), which draft from the request's own tokens
+PROPOSER_ROLES: dict[str, str | None] = {
     "draft": "draft",
     "block": "block",
     "block-cache": "block",
     "block-fused": "block",
     "diffusion": "diffusion",
+    "ngram": None,
+    "suffix": None,
 }
 CUSTOM_PROPOSERS = ("block-cache", "block-fused", "diffusion")  # our proposer classes: they need the plugin
 
@@ -119,7 +124,10 @@ class VLLMEngine:
     draft) or
     ``diffusion`` (relaxspec's masked-diffusion drafter as a vLLM custom proposer, ``draft`` = the
     drafter; ``gamma`` block length (default ``k``), ``steps`` S,
-    ``reveal``). See :mod:`relaxspec.integrations.vllm.proposers`.
+    ``reveal``). See :mod:`relaxspec.integrations.vllm.proposers`. ``ngram`` (vLLM's prompt lookup,
+    n-gram window ``prompt_lookup_min`` .. ``prompt_lookup_max``) and ``suffix`` (vLLM's suffix
+    decoding; needs arctic-inference) draft without a model (``draft`` must be None; stock vLLM
+    too): ``q`` is one-hot at each draft (:mod:`relaxspec.integrations.vllm.lookup`).
     """
 
     def __init__(
@@ -134,6 +142,8 @@ class VLLMEngine:
         steps: int | None = None,
         reveal: str = "auto",
         min_confidence: float | None = None,
+        prompt_lookup_min: int | None = None,
+        prompt_lookup_max: int | None = None,
         stock: bool = False,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
@@ -166,11 +176,15 @@ class VLLMEngine:
             raise RelaxSpecError(f"proposer must be one of {', '.join(PROPOSER_ROLES)}, got {proposer!r}")
         if stock and proposer in CUSTOM_PROPOSERS:
             raise RelaxSpecError(f"the {proposer!r} proposer needs the relaxspec plugin (not stock vLLM)")
+        lookup_window = check_prompt_lookup(proposer, prompt_lookup_min, prompt_lookup_max)
+        role = PROPOSER_ROLES[proposer]
+        if role is None and draft is not None:
+            raise RelaxSpecError(f"the {proposer!r} proposer drafts without a model: pass no draft")
         self.stock = stock
         self.proposer = proposer if self.method != "ar" else None
         self.k = k if self.method != "ar" else 0
         self.target = model_dir("target", target, "vLLM")
-        self.draft = model_dir(PROPOSER_ROLES[proposer], draft, "vLLM") if self.method != "ar" else None
+        self.draft = model_dir(role, draft, "vLLM") if self.method != "ar" and role else None
         if multiprocessing is None:
             multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"
         self.multiprocessing = multiprocessing
@@ -193,7 +207,9 @@ class VLLMEngine:
             if draft_sample_method is None:
                 draft_sample_method = "greedy" if stock else "probabilistic"
             spec: dict[str, Any]
-            if proposer == "draft":
+            if role is None:  # vLLM's ngram / suffix: drafts without probabilities
+                spec = lookup_speculative_config(proposer, k, *lookup_window)
+            elif proposer == "draft":
                 spec = {"method": "draft_model", "model": str(self.draft), "num_speculative_tokens": k}
                 spec["draft_sample_method"] = draft_sample_method
             else:
@@ -221,6 +237,7 @@ class VLLMEngine:
             proposers.add_k_schedule(spec, num_speculative_tokens_per_batch_size)
             kwargs["speculative_config"] = spec
         kwargs.update(llm_kwargs or {})
+        make_llvmlite_scannable()  # stock too: an ngram engine earlier in this process imported numba
         with self._plugin_state(), _env(**engine_env(stock, multiprocessing, self.rule)):
             self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()

@@ -1,13 +1,14 @@
 """vLLM rows for ``relaxspec bench`` / ``generate`` / ``loadtest`` (``--engine vllm``; docs/design.md §6, §8).
 
 Our methods through vLLM and the plugin (``ar``, ``sd``, ``nsd``, ``topk``, ``typical``,
-``lenience``), ProVe and SDD with our proposers inside vLLM (``prove-lossless``, ``prove``,
-``sdd``; :mod:`.proposers`), and the stock peers ``vllm-ar`` and ``vllm-sd`` (plugin out).
-``mars``, ``sdd-skip`` and ``sdd-periodic`` skip the verifier and stay in relaxspec's engine.
-Every rule at one ``k`` shares one engine (the rule is a per-request argument), so a θ grid costs
-one engine; a runner records the same counters as our engine
-(:class:`relaxspec.engine.stats.GenerationStats` field names). Each row's parameters:
-docs/vllm.md, "The plugin, file by file".
+``lenience``, …), on vLLM's draft-model proposer or on its model-free ``ngram`` / ``suffix``
+proposers (``--set proposer=ngram``; :mod:`.lookup`, one-hot ``q``), ProVe and SDD with our
+proposers inside vLLM (``prove-lossless``, ``prove``, ``sdd``; :mod:`.proposers`), and the stock
+peers ``vllm-ar``, ``vllm-sd`` and (when named) ``vllm-ngram`` (plugin out). ``mars``,
+``sdd-skip`` and ``sdd-periodic`` skip the verifier and stay in relaxspec's engine. Every rule at
+one ``k`` shares one engine (the rule is a per-request argument), so a θ grid costs one engine; a
+runner records the same counters as our engine (:class:`relaxspec.engine.stats.GenerationStats`
+field names). Each row's parameters: docs/vllm.md, "The plugin, file by file".
 """
 
 from __future__ import annotations
@@ -22,9 +23,18 @@ from typing import Any
 from relaxspec.core.named_rules import RULES
 from relaxspec.engine.proposers.block import check_fused_block_size, check_min_confidence
 from relaxspec.errors import RelaxSpecError, check_int
+from relaxspec.integrations.vllm.lookup import check_prompt_lookup
 from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
 from relaxspec.integrations.vllm.rules import RuleChoice
-from relaxspec.methods import METHODS, SDD_ACCEPT, block_size_of, get_method
+from relaxspec.methods import (
+    LOOKUP_PROPOSERS,
+    METHODS,
+    PROMPT_LOOKUP_MAX,
+    PROMPT_LOOKUP_MIN,
+    SDD_ACCEPT,
+    block_size_of,
+    get_method,
+)
 from relaxspec.models import model_dir
 from relaxspec.params import K, Param, Params, check_names, declare, defaults
 from relaxspec.params import resolve as resolve_params
@@ -38,15 +48,29 @@ SKIPPING_METHODS = tuple(n for n, spec in METHODS.items() if spec.vllm is None) 
 AR_MODELS = ("target", "block", "draft")
 # Stock vLLM peers (plugin disabled); ``model``: the AR model of vllm-ar (given only: rows keep
 # their identity), e.g. ``--set vllm-ar.model=block`` beside ``prove-lossless``.
-PEERS: dict[str, Mapping[str, Param]] = {"vllm-ar": declare(), "vllm-sd": declare(K)}
-PEER_EXTRAS = {"vllm-ar": declare(Param("model", str, "target", "the AR model's role", choices=AR_MODELS))}
+PEERS: dict[str, Mapping[str, Param]] = {
+    "vllm-ar": declare(),
+    "vllm-sd": declare(K),
+    "vllm-ngram": declare(K),
+}
+PEER_EXTRAS = {
+    "vllm-ar": declare(Param("model", str, "target", "the AR model's role", choices=AR_MODELS)),
+    "vllm-ngram": declare(PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX),
+}
+# What ``bench --engine vllm`` runs beside the methods when --peers is not given (vllm-ngram: named)
+DEFAULT_PEERS = ("vllm-ar", "vllm-sd")
 # seam -> VLLMEngine proposer: vLLM's parallel drafting, our proposer class with its own cache,
 # or the block model drafting inside its own verification forward (prove-lossless only)
 BLOCK_SEAMS = {"parallel": "block", "own-cache": "block-cache", "fused": "block-fused"}
-PEER_NEEDS: dict[str, tuple[str, ...]] = {"vllm-ar": ("target",), "vllm-sd": ("target", "draft")}
+PEER_NEEDS: dict[str, tuple[str, ...]] = {
+    "vllm-ar": ("target",),
+    "vllm-sd": ("target", "draft"),
+    "vllm-ngram": ("target",),
+}
 PEER_SUMMARY = {
     "vllm-ar": "stock vLLM (relaxspec plugin disabled), autoregressive",
     "vllm-sd": "stock vLLM (relaxspec plugin disabled), draft-model speculative decoding, k drafts",
+    "vllm-ngram": "stock vLLM (relaxspec plugin disabled), ngram (prompt lookup) speculative decoding",
 }
 
 
@@ -75,6 +99,12 @@ def row_params(name: str) -> tuple[Mapping[str, Param], Mapping[str, Param]]:
     return own, row.extras
 
 
+def row_names(name: str) -> list[str]:
+    """Every parameter and option a vLLM row takes (what ``--set`` may give it)."""
+    own, extras = row_params(name)
+    return [*own, *extras]
+
+
 def row_defaults(name: str) -> dict[str, Any]:
     """A vLLM row's parameter names and defaults (what ``--set`` may sweep)."""
     return defaults(row_params(name)[0])
@@ -97,8 +127,8 @@ def resolve(name: str, params: Mapping[str, Any]) -> Params:
         engine = spec.resolve({n: v for n, v in given.items() if n in spec.params})
         base = Params({n: engine[n] for n in own})
     out = Params({**base, **{n: options[n] for n in params if n in extras}})
-    if name in VLLM_METHODS and name != "ar":
-        engine_plan(name, out)  # validates the row's options
+    if name not in ("ar", "vllm-ar"):
+        row_plan(name, out)  # validates the row's options
     return out
 
 
@@ -108,11 +138,13 @@ class EnginePlan:
 
     rule: str
     rule_params: dict[str, Any]
-    proposer: str  # draft | block | block-cache | block-fused | diffusion (VLLMEngine proposers)
+    # draft | block | block-cache | block-fused | diffusion | ngram | suffix (VLLMEngine proposers)
+    proposer: str
     k: int
     target_role: str = "target"
-    proposer_role: str = "draft"
-    # gamma, steps, reveal (diffusion); min_confidence (the fused block seam)
+    proposer_role: str | None = "draft"  # None: a model-free proposer (ngram, suffix)
+    # gamma, steps, reveal (diffusion); min_confidence (the fused block seam);
+    # prompt_lookup_min / _max (ngram)
     options: dict[str, Any] = field(default_factory=dict)
     stock: bool = False  # vLLM without the plugin (the vllm-* peers)
 
@@ -127,8 +159,8 @@ class EnginePlan:
     @property
     def drafter_positions(self) -> int:
         """Drafter positions per step (the ``draft_calls`` count): none on the fused seam, where
-        the verifier's own forward drafts."""
-        return 0 if self.proposer == "block-fused" else self.k
+        the verifier's own forward drafts, nor for a model-free proposer (ngram, suffix)."""
+        return 0 if self.proposer in ("block-fused", *LOOKUP_PROPOSERS) else self.k
 
     def engine_key(self, paths: dict[str, Any]) -> tuple[Any, ...]:
         """Engines are shared by every plan that differs only in its rule (the rule is per request)."""
@@ -136,7 +168,7 @@ class EnginePlan:
             self.proposer,
             self.k,
             str(paths.get(self.target_role)),
-            str(paths.get(self.proposer_role)),
+            str(paths.get(self.proposer_role)) if self.proposer_role else None,
             json.dumps(self.options, sort_keys=True),
         )
 
@@ -197,9 +229,20 @@ def engine_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None
         return _diffusion_plan(p, paths or {})
     assert spec.rule is not None
     rule_params = _rule_params(spec.rule.name, p)
-    if p.get("proposer", "draft") == "block":  # MARS-drafted: parallel drafting against the target
+    proposer = p.get("proposer", "draft")
+    lookup = _lookup_options(proposer, p)
+    if proposer == "block":  # MARS-drafted: parallel drafting against the target
         return EnginePlan(spec.rule.name, rule_params, "block", p["k"], "target", "block")
+    if proposer in LOOKUP_PROPOSERS:  # vLLM's model-free proposers: q one-hot at the draft
+        return EnginePlan(spec.rule.name, rule_params, proposer, p["k"], "target", None, lookup)
     return EnginePlan(spec.rule.name, rule_params, "draft", p["k"])
+
+
+def _lookup_options(proposer: str, p: Mapping[str, Any]) -> dict[str, Any]:
+    """The ngram proposer's n-gram window (both keys, None where not given), checked: min ≤ max,
+    and no window for another proposer (:func:`.lookup.check_prompt_lookup`)."""
+    lo, hi = check_prompt_lookup(proposer, p.get("prompt_lookup_min"), p.get("prompt_lookup_max"))
+    return {"prompt_lookup_min": lo, "prompt_lookup_max": hi} if proposer == "ngram" else {}
 
 
 def row_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None = None) -> EnginePlan:
@@ -209,6 +252,8 @@ def row_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None = 
         return EnginePlan("ar", {}, "draft", 0, p.get("model", "target"), stock=True)
     if name == "vllm-sd":
         return EnginePlan("sd", {}, "draft", p["k"], stock=True)
+    if name == "vllm-ngram":
+        return EnginePlan("sd", {}, "ngram", p["k"], "target", None, _lookup_options("ngram", p), stock=True)
     return engine_plan(name, p, paths)
 
 
@@ -219,10 +264,11 @@ def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> 
     target = model_dir(plan.target_role, paths.get(plan.target_role), where)
     if plan.rule == "ar":
         return VLLMEngine("ar", target=target, stock=plan.stock, **runtime)
+    role = plan.proposer_role
     return VLLMEngine(
         plan.rule,
         target=target,
-        draft=model_dir(plan.proposer_role, paths.get(plan.proposer_role), where),
+        draft=model_dir(role, paths.get(role), where) if role else None,
         k=plan.k,
         proposer=plan.proposer,
         stock=plan.stock,
@@ -408,10 +454,12 @@ def serve_command(method: str, extra: Sequence[str] = ()) -> list[str]:
     import sys
 
     stock = is_peer(method)
-    kind = {"vllm-ar": "ar", "vllm-sd": "sd"}.get(method, method)
+    kind = {"vllm-ar": "ar", "vllm-sd": "sd", "vllm-ngram": "sd"}.get(method, method)
     command = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", "--method", kind]
     if stock:
         command.append("--stock")
+    if method == "vllm-ngram":
+        command += ["--proposer", "ngram"]
     return command + list(extra)
 
 

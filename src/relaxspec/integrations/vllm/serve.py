@@ -1,11 +1,12 @@
 """``relaxspec serve --engine vllm``: vLLM's OpenAI-compatible server with the plugin (docs/design.md §8).
 
 :func:`serve` starts vLLM's own API server (``vllm serve``'s code path) on the target model with
-vLLM's draft-model proposer, after setting, for every vLLM process it starts,
-``RELAXSPEC_VLLM_RULE`` (the server's default rule; a request picks another with ``vllm_xargs``,
-validated in the front end) and ``RELAXSPEC_VLLM_STATS_DIR`` (where the sampler leaves its
-per-position counts, which this process exports on ``/metrics`` beside vLLM's own). Our middleware
-(:mod:`.guard`) stands before every route vLLM mounts.
+vLLM's draft-model proposer (or its model-free ``ngram`` / ``suffix`` proposers, :mod:`.lookup`),
+after setting, for every vLLM process it starts, ``RELAXSPEC_VLLM_RULE`` (the server's default
+rule; a request picks another with ``vllm_xargs``, validated in the front end) and
+``RELAXSPEC_VLLM_STATS_DIR`` (where the sampler leaves its per-position counts, which this process
+exports on ``/metrics`` beside vLLM's own). Our middleware (:mod:`.guard`) stands before every
+route vLLM mounts.
 
 Nothing outlives the server: vLLM's processes die with it (:func:`plugin.die_with_parent`) and the
 stats directory is removed on return, exception or SIGTERM here, after a ``kill -9`` by a watchdog
@@ -32,8 +33,10 @@ from relaxspec.data.chat import STOP
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm import guard, proposers
+from relaxspec.integrations.vllm.lookup import check_prompt_lookup, lookup_speculative_config
 from relaxspec.integrations.vllm.rejection import ENV_STATS_DIR
 from relaxspec.integrations.vllm.rules import RuleChoice, canonical, default_env
+from relaxspec.methods import LOOKUP_PROPOSERS
 from relaxspec.models import model_dir
 from relaxspec.params import DEFAULT_K
 
@@ -160,21 +163,41 @@ def vllm_args(
         target_dir, spec_argv, choice = runners.proposer_spec_args(method, params, where, k_schedule)
         return server(target_dir) + spec_argv + list(extra), choice
     name = "ar" if method == "ar" else canonical(method)
+    proposer, window, params = drafter_options(params)
     rule = None if name == "ar" else RuleChoice(name, params)
-    if name == "ar" and params:
+    if name == "ar" and (params or proposer != "draft" or any(window)):
         raise RelaxSpecError("method 'ar' takes no rule parameters")
     check_int("k", k, 1)
     argv = server(model_dir("target", target, "serve --engine vllm"))
     if rule is not None:
-        spec = {
-            "method": "draft_model",
-            "model": str(model_dir("draft", draft, "serve --engine vllm")),
-            "num_speculative_tokens": k,
-            "draft_sample_method": "greedy" if stock else "probabilistic",
-        }
+        if proposer in LOOKUP_PROPOSERS:  # vLLM's ngram / suffix: no draft model
+            spec = lookup_speculative_config(proposer, k, *window)
+        else:
+            spec = {
+                "method": "draft_model",
+                "model": str(model_dir("draft", draft, "serve --engine vllm")),
+                "num_speculative_tokens": k,
+                "draft_sample_method": "greedy" if stock else "probabilistic",
+            }
         proposers.add_k_schedule(spec, k_schedule)
         argv += ["--speculative-config", json.dumps(spec)]
     return argv + list(extra), rule
+
+
+def drafter_options(
+    params: dict[str, Any],
+) -> tuple[str, tuple[int | None, int | None], dict[str, Any]]:
+    """A rule row's drafter options — ``proposer`` (``draft``, or vLLM's model-free ``ngram`` /
+    ``suffix``) and the n-gram window (checked, :mod:`.lookup`) — and the rule's own parameters."""
+    rest = dict(params)
+    proposer = rest.pop("proposer", "draft")
+    lo, hi = rest.pop("prompt_lookup_min", None), rest.pop("prompt_lookup_max", None)
+    if proposer not in ("draft", *LOOKUP_PROPOSERS):
+        raise RelaxSpecError(
+            f"serve --engine vllm takes proposer=draft, ngram or suffix, got {proposer!r} "
+            "(proposer=block runs in generate and bench)"
+        )
+    return proposer, check_prompt_lookup(proposer, lo, hi), rest
 
 
 @contextlib.contextmanager
