@@ -370,7 +370,7 @@ def test_gate_rule_arguments():
 
 def test_bad_proposer_settings_fail_clearly():
     with pytest.raises(RelaxSpecError, match="proposer must be one of"):
-        VLLMEngine("sd", proposer="ngram")
+        VLLMEngine("sd", proposer="eagle9")
     with pytest.raises(RelaxSpecError, match="not a block proposer"):
         VLLMEngine("sd", proposer="block", draft=model_dir("draft"), k=4)
     with pytest.raises(RelaxSpecError, match="trained size"):
