@@ -209,6 +209,8 @@ def test_regime_summary_reads_bench_rows(tmp_path, capsys):
     line = regime_line(row)
     assert "0.800 [0.650–0.900] n=40" in line and "in 0.95-nucleus 2.2%" in line and "top 10 88.5%" in line
     assert "nucleus" not in regime_line({**row, "method": "ar", "label": "ar", "diagnostics": None})
+    nsd = {**row, "method": "nsd", "label": "nsd k=8 theta=0.8", "params": {"theta": 0.8}}
+    assert "in 0.8-nucleus 2.2%" in regime_line(nsd)  # an nsd row is analysed at its own θ
     (tmp_path / "results.json").write_text(json.dumps({"rows": [row]}))
     assert main([str(tmp_path)]) == 0 and "τ 2.62" in capsys.readouterr().out
     assert main([str(tmp_path / "missing")]) == 2 and "results.json missing" in capsys.readouterr().err

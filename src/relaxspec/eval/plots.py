@@ -215,8 +215,9 @@ def plot_acceptance(rows: Sequence[Row], path: Path, title: str) -> Path | None:
 def plot_rejections(rows: Sequence[Row], path: Path, title: str) -> Path | None:
     """The papers' rejection diagnostics as bars: the target rank of the drafts exact SD rejects
     (left; rank 0 = its top token) and of the drafts a relaxed rule accepted beyond SD (right),
-    each as a share of its row's count, with the share inside the target's 0.95-nucleus in the
-    legend (NSD paper: 52.6 % on real models). ``None`` when no row carries the diagnostics."""
+    each as a share of its row's count, with the share inside the target's nucleus in the legend
+    (the row's own θ for ``nsd``, else 0.95; NSD paper: 52.6 % in the 0.95-nucleus). ``None`` when
+    no row carries the diagnostics."""
     have = [
         (r.label, d)
         for r in rows
@@ -236,7 +237,7 @@ def plot_rejections(rows: Sequence[Row], path: Path, title: str) -> Path | None:
             xs = [j + (i - (len(have) - 1) / 2) * width for j in range(len(bins))]
             share = d.get("rejected_in_nucleus")
             tag = (
-                f"{label} ({share:.0%} in nucleus)"
+                f"{label} ({share:.0%} in its nucleus)"
                 if key == "rejected_by_rank" and share is not None
                 else label
             )
