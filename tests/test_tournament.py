@@ -137,7 +137,11 @@ def test_tiny_tournament_end_to_end(model_dirs, tmp_path):
     assert greedy == {"ar", *rules} and sampled == {"ar", TOP_P_AR, *rules}
     for name in ("tournament.json", "tournament.md", "frontier.png"):
         assert (out / name).is_file()
-    assert "Verdict" in (out / "tournament.md").read_text()
+    md = (out / "tournament.md").read_text()
+    assert "Verdict" in md and "## In short" in md and "× exact SD" in md
+    rows = {r["name"]: r for r in doc["groups"][0]["rows"]}
+    assert rows["sd"]["tau"] >= 1.0 and rows["ar"]["tau"] is None
+    assert rows["threshold single=0.3"]["vs_sd_speed"]["n"] == 2
 
 
 @pytest.mark.parametrize(
@@ -158,3 +162,69 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message, monkeypatch, capsys
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.startswith("error: ") and message in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_grid_override_parses_and_validates():
+    from relaxspec.eval.tournament import parse_grid
+
+    assert parse_grid(["nsd.theta=0.8", "topk.accept_k=2,3"]) == {"nsd": [0.8], "topk": [2, 3]}
+    config = TournamentConfig(datasets=["math"], rules=["nsd"], grid={"nsd": [0.8]})
+    assert "nsd.theta=0.8" in bench_config(config, 0.0).sets
+    for bad, message in [
+        ("nsd.theta", "RULE.PARAM="),
+        ("nsd=0.8", "RULE.PARAM="),
+        ("bogus.x=1", "unknown rule"),
+        ("nsd.k=2", "sweeps 'theta'"),
+        ("nsd.theta=high", "not a number"),
+    ]:
+        with pytest.raises(RelaxSpecError, match=message):
+            parse_grid([bad])
+    with pytest.raises(RelaxSpecError, match="not in --rules"):
+        bench_config(TournamentConfig(datasets=["math"], rules=["fly"], grid={"nsd": [0.8]}), 0.0)
+
+
+def judged(speed_low, speed, delta_low, delta_high):
+    from relaxspec.eval.tournament import judge
+
+    r = {"vs_sd_speed": {"estimate": speed, "low": speed_low, "high": speed + 0.1},
+         "vs_ar": {"delta": (delta_low + delta_high) / 2, "low": delta_low, "high": delta_high}}  # fmt: skip
+    return judge(r, "vs_ar")
+
+
+def test_judge_needs_speed_above_one_and_quality_within_the_margin():
+    assert judged(1.10, 1.2, -0.02, 0.02) == "pays"
+    assert judged(1.10, 1.2, -0.10, -0.01) == "costs quality"  # Δ interval entirely below 0
+    assert judged(0.98, 1.02, -0.01, 0.01) == "no faster"  # speed interval reaches 1
+    assert judged(1.10, 1.2, -0.08, 0.02) == "unsettled"  # a loss > 0.03 not ruled out
+    assert judged(1.10, 1.2, -0.03, 0.0) == "pays"  # the margin's edge is inside
+
+
+def test_summary_recommends_the_fastest_paying_rule_against_the_regime_baseline():
+    from relaxspec.eval.tournament import summary, tau
+
+    assert tau({"a#0": (9, 3), "b#0": (3, 3)}) == pytest.approx(2.0) and tau({}) is None
+
+    def r(name, method, speed, d_low, d_high, key):
+        return {"name": name, "method": method, "tau": 3.0,
+                "vs_sd_speed": {"estimate": speed, "low": speed - 0.05, "high": speed + 0.05},
+                key: {"delta": (d_low + d_high) / 2, "low": d_low, "high": d_high}}  # fmt: skip
+
+    sampled = {
+        "dataset": "code",
+        "temperature": 1.0,
+        "rows": [
+            {"name": "ar", "method": "ar"},
+            {"name": TOP_P_AR, "method": "ar"},
+            {"name": "sd", "method": "sd", "tau": 2.5},
+            r("nsd theta=0.8", "nsd", 1.25, -0.02, 0.04, "vs_top_p_ar"),
+            r("nsd theta=0.95", "nsd", 1.40, -0.20, -0.05, "vs_top_p_ar"),  # faster, but loses
+        ],
+    }
+    lines = summary([sampled])
+    assert "nsd theta=0.95" in lines[1] and "costs quality" in lines[1]
+    assert "quality vs ar top-p" in lines[0] and "PAYS" in lines[0] and "τ 3.00 vs 2.50" in lines[0]
+    advice = "use nsd theta=0.8 (1.25× exact SD, no measurable quality cost)"
+    assert lines[-1].strip() == f"=> code, T = 1: {advice}"
+    greedy = {**sampled, "temperature": 0.0, "rows": [sampled["rows"][0], sampled["rows"][2],
+              r("nsd theta=0.8", "nsd", 1.02, -0.01, 0.01, "vs_ar")]}  # fmt: skip
+    assert "keep exact SD" in summary([greedy])[-1] and "no faster" in summary([greedy])[0]

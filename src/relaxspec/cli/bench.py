@@ -141,12 +141,16 @@ def tournament_cmd(
         "results/tournament"
     ),
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option(help="replace a rule's grid, e.g. nsd.theta=0.8 (repeatable)"),
+    ] = None,
 ) -> None:
     """Every relaxed rule over a grid of its parameter beside greedy AR, top-p AR and exact SD on
     the same models, prompts and seeds: table, speed–quality frontier plot, JSON and a verdict per
     dataset and temperature (docs/relaxed-rules.md)."""
     from relaxspec.eval.bench import parse_models, parse_seeds, split_list
-    from relaxspec.eval.tournament import TournamentConfig, run_tournament
+    from relaxspec.eval.tournament import TournamentConfig, parse_grid, run_tournament
 
     try:
         temps = [float(t) for t in split_list(temperatures)]
@@ -167,6 +171,7 @@ def tournament_cmd(
         out=str(out),
         progress=progress,
         command=shlex.join(["relaxspec", *sys.argv[1:]]),
+        grid=parse_grid(grid or []),
     )
     run_tournament(config)
 

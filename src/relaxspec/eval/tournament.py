@@ -55,6 +55,33 @@ class TournamentConfig:
     out: str = "results/tournament"
     progress: bool = True
     command: str = ""
+    # Replaces a rule's grid of its swept parameter, e.g. {"nsd": [0.8]} (``--grid nsd.theta=0.8``).
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
+    """``["nsd.theta=0.8,0.9"]`` → ``{"nsd": [0.8, 0.9]}``; only a rule's swept parameter may be set."""
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        head, sep, values = spec.partition("=")
+        rule, dot, name = head.strip().partition(".")
+        if not (sep and dot and values.strip()):
+            raise RelaxSpecError(f"--grid expects RULE.PARAM=V1,V2,..., got {spec!r}")
+        if rule not in RULE_GRID:
+            raise RelaxSpecError(f"--grid: unknown rule {rule!r}; tournament rules: {', '.join(RULE_GRID)}")
+        swept = RULE_GRID[rule][0]
+        if name != swept:
+            raise RelaxSpecError(f"--grid: {rule} sweeps {swept!r}, not {name!r}")
+        try:
+            grid[rule] = [json.loads(v) for v in values.split(",")]
+        except json.JSONDecodeError:
+            raise RelaxSpecError(f"--grid: {spec!r} holds a value that is not a number") from None
+    return grid
+
+
+def rule_grid(config: TournamentConfig, rule: str) -> tuple[str, list[Any]]:
+    name, values = RULE_GRID[rule]
+    return name, config.grid.get(rule, values)
 
 
 def bench_config(config: TournamentConfig, temperature: float) -> BenchConfig:
@@ -64,7 +91,13 @@ def bench_config(config: TournamentConfig, temperature: float) -> BenchConfig:
         raise RelaxSpecError(
             f"unknown rule(s) {', '.join(unknown)}; tournament rules: {', '.join(RULE_GRID)}"
         )
-    sets = [f"{r}.{RULE_GRID[r][0]}={','.join(map(str, RULE_GRID[r][1]))}" for r in config.rules]
+    stray = [r for r in config.grid if r not in config.rules]
+    if stray:
+        raise RelaxSpecError(f"--grid names rule(s) not in --rules: {', '.join(stray)}")
+    sets = []
+    for rule in config.rules:
+        name, values = rule_grid(config, rule)
+        sets.append(f"{rule}.{name}={','.join(map(str, values))}")
     return BenchConfig(
         methods=["sd", *config.rules],
         datasets=config.datasets,
@@ -163,9 +196,12 @@ def _outcomes(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if r.get("error"):
             continue
         cell = Cell.from_dict(r["cell"])
-        entry = out.setdefault(cell.key, {"cell": cell, "timing": {}, "quality": {}})
+        entry = out.setdefault(cell.key, {"cell": cell, "timing": {}, "quality": {}, "calls": {}})
         key = f"{r['example']}#{cell.seed}"
         entry["timing"][key] = (len(r["tokens"]), float(r["seconds"]))
+        stats = r.get("stats") or {}
+        if stats.get("verifier_calls"):
+            entry["calls"][key] = (int(stats["new_tokens"]), int(stats["verifier_calls"]))
         if r.get("quality") is not None:
             entry["quality"][key] = float(r["quality"])
     return out
@@ -183,10 +219,11 @@ def analyse(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def _group(dataset: str, temperature: float, entries: list[dict[str, Any]]) -> dict[str, Any]:
     named: dict[str, dict[str, Any]] = {}
     for e in entries:  # the seeds of one row pool (outcome keys are example#seed)
-        row = named.setdefault(row_name(e["cell"]), {"cell": e["cell"], "timing": {}, "quality": {}})
-        row["timing"].update(e["timing"])
-        row["quality"].update(e["quality"])
-    ar, top_p_ar = named.get("ar"), named.get(TOP_P_AR)
+        empty: dict[str, Any] = {"cell": e["cell"], "timing": {}, "quality": {}, "calls": {}}
+        row = named.setdefault(row_name(e["cell"]), empty)
+        for part in ("timing", "quality", "calls"):
+            row[part].update(e[part])
+    ar, top_p_ar, sd = named.get("ar"), named.get(TOP_P_AR), named.get("sd")
     rows = []
     for name, e in named.items():
         q = e["quality"]
@@ -196,6 +233,8 @@ def _group(dataset: str, temperature: float, entries: list[dict[str, Any]]) -> d
                 "method": e["cell"].method,
                 "params": e["cell"].params,
                 "speedup": speedup_interval(e["timing"], ar["timing"]) if ar else None,
+                "vs_sd_speed": speedup_interval(e["timing"], sd["timing"]) if sd and e is not sd else None,
+                "tau": tau(e["calls"]) if e["cell"].method != "ar" else None,
                 "quality": intervals.mean_interval(list(q.values()), _prompts(list(q))).to_dict()
                 if q
                 else None,
@@ -209,6 +248,12 @@ def _group(dataset: str, temperature: float, entries: list[dict[str, Any]]) -> d
     for row in rows:
         row["pareto"] = row["name"] in pareto
     return {"dataset": dataset, "temperature": temperature, "rows": rows, "verdict": verdict(rows)}
+
+
+def tau(calls: dict[str, tuple[int, int]]) -> float | None:
+    """Pooled τ: new tokens per target (verifier) forward, Σ tokens / Σ calls over the outcomes."""
+    calls_total = sum(c for _, c in calls.values())
+    return sum(t for t, _ in calls.values()) / calls_total if calls_total else None
 
 
 def _point(row: dict[str, Any]) -> tuple[float, float] | None:
@@ -246,6 +291,80 @@ def verdict(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"best": best["name"] if best else None, "fails_at": fails}
 
 
+# The quality a relaxed rule may cost against its lossless baseline and still "pay" (issue 29).
+QUALITY_MARGIN = 0.03
+
+
+def baseline_of(group: dict[str, Any]) -> tuple[str, str]:
+    """The row a relaxed rule must match: greedy AR at T = 0, plain top-p AR when sampling."""
+    names = {r["name"] for r in group["rows"]}
+    if group["temperature"] > 0 and TOP_P_AR in names:
+        return TOP_P_AR, "vs_top_p_ar"
+    return "ar", "vs_ar"
+
+
+def judge(row: dict[str, Any], delta_key: str) -> str:
+    """One relaxed row against exact SD (speed) and the baseline (paired Δ quality):
+    ``pays`` (faster than SD, interval above 1, and Δ's lower bound ≥ −QUALITY_MARGIN),
+    ``costs quality`` (Δ's interval below 0), ``no faster`` (speed interval reaches 1), or
+    ``unsettled`` (faster, but the Δ interval reaches below −QUALITY_MARGIN: more prompts)."""
+    speed, delta = row.get("vs_sd_speed"), row.get(delta_key)
+    if not speed or speed.get("estimate") is None or not delta:
+        return "unmeasured"
+    if delta["high"] < 0:
+        return "costs quality"
+    if speed["low"] <= 1.0:
+        return "no faster"
+    return "pays" if delta["low"] >= -QUALITY_MARGIN else "unsettled"
+
+
+VERDICT_WORDS = {
+    "pays": "PAYS",
+    "costs quality": "costs quality",
+    "no faster": "no faster than exact SD",
+    "unsettled": "faster, quality not settled (run more prompts)",
+    "unmeasured": "not measured",
+}
+
+
+def _speed_text(sp: dict[str, Any] | None) -> str:
+    if not sp or sp.get("estimate") is None:
+        return "–"
+    return f"{sp['estimate']:.2f}× exact SD [{sp['low']:.2f}–{sp['high']:.2f}]"
+
+
+def _delta_text(d: dict[str, Any] | None) -> str:
+    return f"{d['delta']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]" if d else "–"
+
+
+def summary(results: Sequence[dict[str, Any]]) -> list[str]:
+    """Plain lines, one per relaxed row and a recommendation per (dataset, temperature)."""
+    lines = []
+    for g in results:
+        base_name, delta_key = baseline_of(g)
+        t = g["temperature"]
+        where = f"{g['dataset']}, " + ("greedy" if t == 0 else f"T = {t:g}")
+        sd = next((r for r in g["rows"] if r["name"] == "sd"), None)
+        sd_tau = f"{sd['tau']:.2f}" if sd and sd.get("tau") else "–"
+        paying = []
+        for r in (r for r in g["rows"] if r["method"] in RULE_GRID):
+            word = judge(r, delta_key)
+            paying += [r] if word == "pays" else []
+            tau_text = f"τ {r['tau']:.2f} vs {sd_tau}" if r.get("tau") else "τ –"
+            lines.append(
+                f"{where}: {r['name']} runs {_speed_text(r.get('vs_sd_speed'))} ({tau_text}); "
+                f"quality vs {base_name} {_delta_text(r.get(delta_key))} -> {VERDICT_WORDS[word]}"
+            )
+        best = max(paying, key=lambda r: r["vs_sd_speed"]["estimate"], default=None)
+        if best:
+            speed = best["vs_sd_speed"]["estimate"]
+            advice = f"use {best['name']} ({speed:.2f}× exact SD, no measurable quality cost)"
+        else:
+            advice = "keep exact SD (lossless): no relaxed rule here is both faster and as good"
+        lines.append(f"  => {where}: {advice}")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------
 # Outputs
 
@@ -266,13 +385,15 @@ def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
         lines += [
             f"## {g['dataset']}, T = {g['temperature']:g}",
             "",
-            "| row | speed-up vs AR | quality | Δ vs AR | Δ vs top-p AR | Pareto |",
-            "|---|---:|---:|---:|---:|:-:|",
+            "| row | speed-up vs AR | × exact SD | τ | quality | Δ vs AR | Δ vs top-p AR | Pareto |",
+            "|---|---:|---:|---:|---:|---:|---:|:-:|",
         ]
         for r in g["rows"]:
             q = r["quality"]
             lines.append(
-                f"| {r['name']} | {_iv(r['speedup'])} | {_iv(q)} (n={q['n'] if q else 0}) | "
+                f"| {r['name']} | {_iv(r['speedup'])} | {_iv(r.get('vs_sd_speed'))} | "
+                f"{'–' if r.get('tau') is None else format(r['tau'], '.2f')} | "
+                f"{_iv(q)} (n={q['n'] if q else 0}) | "
                 f"{_delta(r['vs_ar'])} | {_delta(r['vs_top_p_ar'])} | {'✓' if r['pareto'] else ''} |"
             )
         v = g["verdict"]
@@ -280,9 +401,11 @@ def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
                           for m, n in v["fails_at"].items())  # fmt: skip
         lines += [
             "",
-            f"Verdict: fastest rule with no measurable loss vs AR: **{v['best'] or 'none'}**. {fails}.",
+            f"Verdict: fastest rule with no measurable loss vs AR: **{v['best'] or 'none'}**."
+            + (f" {fails}." if fails else ""),
             "",
         ]
+    lines += ["## In short", "", *(f"- {x.strip().removeprefix('=> ')}" for x in summary(results)), ""]
     return "\n".join(lines)
 
 
@@ -336,5 +459,7 @@ def write_tournament(out: Path, results: list[dict[str, Any]], config: Tournamen
         tmp.write_text(text)
         tmp.replace(out / name)
     plot(results, out / "frontier.png")
-    print(markdown(results, config.command))
+    print(markdown(results, config.command).split("## In short")[0].rstrip())
+    print(f"\nwrote {out}/tournament.md, tournament.json, frontier.png\n\nIn short:")
+    print("\n".join(summary(results)))
     return doc
