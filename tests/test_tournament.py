@@ -210,7 +210,7 @@ def test_summary_recommends_the_fastest_paying_rule_against_the_regime_baseline(
                 key: {"delta": (d_low + d_high) / 2, "low": d_low, "high": d_high}}  # fmt: skip
 
     sampled = {
-        "dataset": "code",
+        "dataset": "tasks.jsonl",
         "temperature": 1.0,
         "rows": [
             {"name": "ar", "method": "ar"},
@@ -224,7 +224,14 @@ def test_summary_recommends_the_fastest_paying_rule_against_the_regime_baseline(
     assert "nsd theta=0.95" in lines[1] and "costs quality" in lines[1]
     assert "quality vs ar top-p" in lines[0] and "PAYS" in lines[0] and "τ 3.00 vs 2.50" in lines[0]
     advice = "use nsd theta=0.8 (1.25× exact SD, no measurable quality cost)"
-    assert lines[-1].strip() == f"=> code, T = 1: {advice}"
+    assert lines[-1].strip() == f"=> tasks.jsonl, T = 1: {advice}"
     greedy = {**sampled, "temperature": 0.0, "rows": [sampled["rows"][0], sampled["rows"][2],
               r("nsd theta=0.8", "nsd", 1.02, -0.01, 0.01, "vs_ar")]}  # fmt: skip
     assert "keep exact SD" in summary([greedy])[-1] and "no faster" in summary([greedy])[0]
+
+
+def test_every_bundled_dataset_has_a_title():
+    from relaxspec.eval.datasets import DATASETS, TITLES, title
+
+    assert set(TITLES) == set(DATASETS)
+    assert title("mathvar") == "held-out math word problems (mathvar)" and title("x.jsonl") == "x.jsonl"

@@ -80,6 +80,30 @@ DATASETS = (
     "mathvar",
     "mathvar-phrasing",
 )
+# What each set is, in words a newcomer reads in a summary line.
+TITLES = {
+    "math": "held-out math word problems",
+    "code": "held-out Python stdlib code",
+    "humaneval": "HumanEval prompts",
+    "synthcode": "held-out code tasks",
+    "synthcode-families": "code tasks of held-out families",
+    "synthcode-combos": "held-out combinations of code tasks",
+    "math-broad": "held-out broadened math problems",
+    "math-families": "math problems of held-out story families",
+    "math-phrasing": "math problems in held-out phrasings",
+    "codevar": "held-out code tasks with unit tests",
+    "codevar-combos": "held-out code tasks with unit tests",
+    "codevar-phrasing": "code tasks in held-out phrasings",
+    "mathvar": "held-out math word problems",
+    "mathvar-phrasing": "math problems in held-out phrasings",
+}
+
+
+def title(name: str) -> str:
+    """``"held-out code tasks with unit tests (codevar-combos)"``; a task file keeps its path."""
+    return f"{TITLES[name]} ({name})" if name in TITLES else name
+
+
 # The variant splits: dataset name -> (generator of held-out tasks or problems, is it code)
 _VARIANT_SETS = {
     "codevar": (heldout_seed_variant_tasks, True),

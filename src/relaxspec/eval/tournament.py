@@ -25,6 +25,7 @@ import numpy as np
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import intervals
 from relaxspec.eval.bench import BenchConfig, plan, run_bench
+from relaxspec.eval.datasets import title
 from relaxspec.eval.records import ResultsStore
 from relaxspec.eval.rows import Cell, latest_records
 
@@ -343,7 +344,7 @@ def summary(results: Sequence[dict[str, Any]]) -> list[str]:
     for g in results:
         base_name, delta_key = baseline_of(g)
         t = g["temperature"]
-        where = f"{g['dataset']}, " + ("greedy" if t == 0 else f"T = {t:g}")
+        where = f"{title(g['dataset'])}, " + ("greedy" if t == 0 else f"T = {t:g}")
         sd = next((r for r in g["rows"] if r["name"] == "sd"), None)
         sd_tau = f"{sd['tau']:.2f}" if sd and sd.get("tau") else "–"
         paying = []
