@@ -27,46 +27,56 @@ STYLES=math_styles=0.6,synthpipes=0.15,synthcode=0.05,math=0.1,code=0.1
 done_ runs/target-ft3/export || relaxspec train ar --config target --init runs/target-ft2/export \
     --mixture "$STYLES" --steps 1100 --set lr=3e-4 --set warmup=30 \
     --run-dir runs/target-ft3 --export runs/target-ft3/export
-done_ models/target || relaxspec train ar --config target --init runs/target-ft3/export \
+done_ runs/target-ft4/export || relaxspec train ar --config target --init runs/target-ft3/export \
     --mixture "$STYLES" --steps 400 --set lr=1.5e-4 --set warmup=10 --set seed=1 \
-    --run-dir runs/target-ft4 --export models/target
+    --run-dir runs/target-ft4 --export runs/target-ft4/export
 
-# 1b. the competent-and-uncertain family (issue 29, in progress; docs/models.md): fine-tune the
-#    bundled target (fine-tune 4 above) on code and math rendered with one of several equivalent
-#    correct solutions per example (codevar, mathvar), keeping some of every earlier source.
-#    Not bundled yet: steps 2-5 below still start from models/target.
+# 1b. the competent-and-uncertain target (issue 29; docs/models.md): code and math rendered with
+#    one of several equivalent correct solutions per example (codevar, mathvar), keeping some of
+#    every earlier source (fine-tune 5, ~3 h on one busy core), then 150 steps at a lower LR with
+#    more math weight (fine-tune 5b, ~80 min): the bundled target.
 VAR=codevar=0.35,mathvar=0.3,synthpipes=0.05,math_styles=0.1,synthcode=0.05,math=0.05,code=0.1
-done_ runs/target-v2/export || OMP_NUM_THREADS=1 relaxspec train ar --config target --init models/target \
-    --mixture "$VAR" --steps 400 --set lr=3e-4 --set warmup=30 --set ckpt_every=25 --set eval_every=200 \
-    --run-dir runs/target-v2 --export runs/target-v2/export
+done_ runs/target-v2/export || OMP_NUM_THREADS=1 relaxspec train ar --config target \
+    --init runs/target-ft4/export --mixture "$VAR" --steps 400 --set lr=3e-4 --set warmup=30 \
+    --set ckpt_every=25 --set eval_every=200 --run-dir runs/target-v2 --export runs/target-v2/export
+VAR_MATH=codevar=0.25,mathvar=0.3,math_styles=0.15,math=0.1,synthpipes=0.05,synthcode=0.05,code=0.1
+done_ models/target || OMP_NUM_THREADS=1 relaxspec train ar --config target \
+    --init runs/target-v2/export --mixture "$VAR_MATH" --steps 150 --set lr=1e-4 --set warmup=10 \
+    --set ckpt_every=25 --set eval_every=75 --run-dir runs/target-v3 --export models/target
 
-# 2. draft (1 layer, 256-d): pre-training (~11 min), then distilled into the target (DistillSpec):
-#    (the bundled draft was distilled into each bundled target in turn, the last time from the
-#    previous bundled draft into fine-tune 4: `--student models/draft --teacher runs/target-ft4/export`)
-#    the teacher continues training-split prompts of every source greedily (~10 min), then
-#    forward KL on those rows (300 steps, ~17 min)
+# 2. draft (1 layer, 256-d): pre-training (~11 min), distilled into fine-tune 4 on greedy teacher
+#    rows of every source (DistillSpec; ~10 + 17 min), then into the bundled target on 4 000 rows
+#    the teacher *sampled* (T = 1, top-p 0.95) on variant-family training prompts, so that the draft
+#    learns the target's spread where several continuations are correct (~70 + 70 min)
 done_ runs/draft-base/export || relaxspec train ar --config draft --mixture math=0.6,code=0.4 \
     --run-dir runs/draft-base --export runs/draft-base/export
-done_ models/draft || {
-  relaxspec train distill-data --out runs/distill/rows.jsonl \
+done_ runs/draft-ft4/export || {
+  relaxspec train distill-data --teacher runs/target-ft4/export --out runs/distill/rows.jsonl \
       --n-code 1600 --n-math 500 --n-synthcode 600 --n-math-styles 900
-  relaxspec train distill --student runs/draft-base/export --data runs/distill/rows.jsonl \
-      --run-dir runs/distill/run --steps 300 --export models/draft
+  relaxspec train distill --student runs/draft-base/export --teacher runs/target-ft4/export \
+      --data runs/distill/rows.jsonl --run-dir runs/distill/run --steps 300 --export runs/draft-ft4/export
+}
+done_ models/draft || {
+  OMP_NUM_THREADS=1 relaxspec train distill-data --teacher runs/target-v2/export \
+      --out runs/distill-v2/rows.jsonl --n-code 0 --n-math 0 --n-codevar 2400 --n-mathvar 1600 \
+      --temperature 1.0 --top-p 0.95 --max-new-tokens 160 --max-prompt-tokens 256 --batch-size 32
+  OMP_NUM_THREADS=1 relaxspec train distill --student runs/draft-ft4/export --teacher models/target \
+      --data runs/distill-v2/rows.jsonl --corpus-mixture codevar=0.5,mathvar=0.5 \
+      --run-dir runs/distill-v3/run --export models/draft --steps 300 --set ckpt_every=25 --set eval_every=100
 }
 
-# Steps 3-5 start from the target; the bundled block, diffusion and survival files were built from
-# fine-tune 2 (runs/target-ft2/export), before fine-tunes 3-4 (docs/models.md).
 # 3. MARS block proposer for ProVe, fine-tuned from the target with 32-token blocks so that the
-#    8/16/24/32 block-size sweep stays in the trained range (methods default to 8); ~35 min
-MIX=math=0.3,code=0.2,synthcode=0.1,synthpipes=0.2,math_styles=0.2
-done_ models/block || relaxspec train block --block-size 32 --steps 350 --mixture "$MIX"
+#    8/16/24/32 block-size sweep stays in the trained range (methods default to 8); ~60 min on one core
+MIX=codevar=0.3,mathvar=0.25,math=0.15,math_styles=0.1,synthpipes=0.1,code=0.1
+done_ models/block || OMP_NUM_THREADS=1 relaxspec train block --block-size 32 --steps 150 \
+    --mixture "$MIX" --set ckpt_every=25
 
-# 4. masked-diffusion drafter initialised from the target's embeddings and first two layers
-#    (~25 min), then the (γ, S) operating point and the learned survival signals for verifier
-#    skipping
+# 4. masked-diffusion drafter initialised from the target's embeddings and first two layers,
+#    then the (γ, S) operating point and the learned survival signals for verifier skipping
 done_ models/diffusion || {
-  relaxspec train diffusion --init target --layers 2 --steps 600 --mixture "$MIX"
-  relaxspec train diffusion-sweep --gammas 8,16,32 --steps 1,2,4,8
+  OMP_NUM_THREADS=1 relaxspec train diffusion --init target --layers 2 --steps 200 --mixture "$MIX" \
+      --set ckpt_every=50
+  relaxspec train diffusion-sweep --gammas 8,16 --steps 1,2
 }
 done_ models/survival || relaxspec train survival --n-math 120 --n-code 30
 
