@@ -24,7 +24,7 @@ from relaxspec.core.named_rules import RULES
 from relaxspec.engine.proposers.block import check_fused_block_size, check_min_confidence
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations.vllm.lookup import check_prompt_lookup
-from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
+from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMEngineSettings, VLLMResult
 from relaxspec.integrations.vllm.rules import RuleChoice
 from relaxspec.methods import (
     LOOKUP_PROPOSERS,
@@ -257,16 +257,17 @@ def row_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None = 
     return engine_plan(name, p, paths)
 
 
-def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> VLLMEngine:
-    """The one place a :class:`VLLMEngine` is built from a plan: models by role from ``paths`` (None:
-    the bundled ones); ``runtime``: ``seed``, ``multiprocessing``, ``max_model_len``, ..."""
+def engine_settings(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> VLLMEngineSettings:
+    """The :class:`VLLMEngineSettings` of a plan: models by role from ``paths`` (None: the bundled
+    ones); ``runtime``: ``seed``, ``multiprocessing``, ``max_model_len``, ..."""
     where = "vLLM"
     target = model_dir(plan.target_role, paths.get(plan.target_role), where)
     if plan.rule == "ar":
-        return VLLMEngine("ar", target=target, stock=plan.stock, **runtime)
+        return VLLMEngineSettings("ar", target=target, stock=plan.stock, **runtime)
     role = plan.proposer_role
-    return VLLMEngine(
+    return VLLMEngineSettings(
         plan.rule,
+        plan.rule_params,
         target=target,
         draft=model_dir(role, paths.get(role), where) if role else None,
         k=plan.k,
@@ -274,8 +275,12 @@ def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> 
         stock=plan.stock,
         **plan.options,
         **runtime,
-        **plan.rule_params,
     )
+
+
+def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> VLLMEngine:
+    """The one place a :class:`VLLMEngine` is built from a plan (:func:`engine_settings`)."""
+    return VLLMEngine(engine_settings(plan, paths, **runtime))
 
 
 class EnginePool:
