@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.core.named_rules import RULES
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.proposers.block import check_fused_block_size, check_min_confidence
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations.vllm.lookup import check_prompt_lookup
@@ -379,37 +380,34 @@ def runner(name: str, params: dict[str, Any], sampling: Any, pool: EnginePool) -
 def generate_json(
     method: str,
     prompt: str,
+    sampling: SamplingParams | None = None,
     *,
     params: dict[str, Any] | None = None,
-    temperature: float = 0.0,
-    max_new_tokens: int = 128,
-    seed: int | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    stop: Sequence[str] | None = None,
     paths: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One generation for ``relaxspec generate --engine vllm``: ``{"text", "tokens", "stats"}``.
 
-    ``paths``: model directories by role (``target``, ``draft``, ``block``, ``diffusion``).
+    ``sampling``: temperature, top-k, top-p, seed, budget and stop strings (None: greedy, 128
+    tokens); ``paths``: model directories by role (``target``, ``draft``, ``block``, ``diffusion``).
     """
+    sampling = sampling or SamplingParams(temperature=0.0)
     p = resolve(method, params or {})
     plan = row_plan(method, p, paths or {})
-    engine = start_engine(plan, paths or {}, seed=seed or 0)
+    engine = start_engine(plan, paths or {}, seed=sampling.seed or 0)
     try:
         result = engine.generate(
             prompt,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            top_k=top_k,
-            top_p=top_p,
-            stop=stop,
+            temperature=sampling.temperature,
+            max_new_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            stop=sampling.stop,
         )[0]
     finally:
         engine.close()
     stats = generation_stats(result, plan.drafter_positions)
-    stats.update({"method": method, "params": p, "temperature": temperature})
+    stats.update({"method": method, "params": p, "temperature": sampling.temperature})
     return {"text": result.text, "tokens": result.tokens, "stats": stats}
 
 
@@ -490,12 +488,7 @@ def cli_generate(
     params: dict[str, Any],
     paths: dict[str, Any],
     prompt: str,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    max_new_tokens: int,
-    stop: Sequence[str] | None,
+    sampling: SamplingParams,
     as_json: bool,
 ) -> None:
     """``relaxspec generate --engine vllm``: one JSON object on stdout (``--json``) or the text."""
@@ -505,18 +498,7 @@ def cli_generate(
 
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     with stdout_to_stderr():
-        out = generate_json(
-            method,
-            prompt,
-            params=params,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            top_k=top_k,
-            top_p=top_p,
-            stop=stop,
-            paths=paths,
-        )
+        out = generate_json(method, prompt, sampling, params=params, paths=paths)
     if as_json:
         print(json.dumps(out))
         return
