@@ -5,7 +5,6 @@ from them, so that they cannot diverge."""
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import pickle
 
@@ -113,7 +112,7 @@ def test_one_k_default_for_both_engines():
     for name in runners.RULE_METHODS:
         assert resolve_params(name, {})["k"] == runners.resolve(name, {})["k"] == DEFAULT_K, name
     assert runners.resolve("vllm-sd", {})["k"] == DEFAULT_K
-    assert inspect.signature(vllm_serve.vllm_args).parameters["k"].default == DEFAULT_K
+    assert vllm_serve.ServerSettings().k == DEFAULT_K
 
 
 def test_vllm_rows_are_the_presets_rows():

@@ -2,8 +2,9 @@
 with more than 10 parameters (``self`` / ``cls`` not counted; the command signatures of ``cli/``
 are exempt from the parameter limit: each parameter is a flag).
 
-ALLOWED lists what is over a limit today because another change is splitting it; the lead trims
-it as those land. A new entry needs a reason in its comment.
+ALLOWED lists what is over a limit today because another change is splitting it (or, for a
+function, a signature fixed from outside); the lead trims it as those land. A new entry needs a
+reason in its comment.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 10
 PARAMETERS_EXEMPT = ("cli/",)  # typer commands: one parameter per flag
 
-# Being split by other helpers right now (issue 30 items 1-4): the whole file is exempt.
-ALLOWED_FILES = (
-    "methods.py",
-    "integrations/vllm/",
-    "engine/packed.py",
-    "engine/proposers/",
-)
+# Whole files exempt while another change splits them (empty: the limits hold everywhere).
+ALLOWED_FILES: tuple[str, ...] = ()
 # Over a limit, not yet split: "path:function" -> why it waits.
 ALLOWED_FUNCTIONS: dict[str, str] = {
+    # A drop-in for vLLM's rejection_sample (hooks.py installs it in its place): vLLM calls it with
+    # its 8 positional arguments and 3 keywords, so the signature is vLLM's, not ours to shorten.
+    "integrations/vllm/rejection.py:relaxed_rejection_sample": "vLLM's rejection_sample signature (11)",
     # The sandbox's defences capture every builtin they use in one enclosing scope, so that a
     # program that monkeypatches builtins or module globals cannot reach them; splitting these
     # needs the same care and a pass of tests/test_sandbox_attacks.py.

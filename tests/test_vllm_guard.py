@@ -5,6 +5,7 @@ vLLM server: tests/test_vllm_server.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -302,7 +303,11 @@ def vllm_serve_calls(monkeypatch):
     from relaxspec.integrations.vllm import serve as serve_module
 
     calls = []
-    monkeypatch.setattr(serve_module, "serve", lambda method, params, **kw: calls.append(kw))
+    monkeypatch.setattr(
+        serve_module,
+        "serve",
+        lambda method, params, server, options: calls.append(dataclasses.asdict(options)),
+    )
     return calls
 
 

@@ -161,15 +161,18 @@ def test_greedy_sd_on_suffix_is_greedy_ar_and_nsd_accepts_more(stock_ar):
 def test_vllm_serve_command_lines_for_ngram():
     import json
 
-    from relaxspec.integrations.vllm.serve import vllm_args
+    from relaxspec.integrations.vllm.serve import ServerSettings, vllm_args
 
     def spec(argv):
         return json.loads(argv[argv.index("--speculative-config") + 1])
 
-    argv, rule = vllm_args("nsd", {"theta": 0.9, "proposer": "ngram", "prompt_lookup_max": 3}, k=4)
+    argv, rule = vllm_args(
+        "nsd", {"theta": 0.9, "proposer": "ngram", "prompt_lookup_max": 3}, ServerSettings(k=4)
+    )
     assert spec(argv) == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     assert rule is not None and rule.to_extra_args() == {"rule": "nsd", "theta": 0.9}
-    argv, _ = vllm_args("sd", {"proposer": "ngram"}, stock=True)  # the stock vllm-ngram peer's server
+    # the stock vllm-ngram peer's server
+    argv, _ = vllm_args("sd", {"proposer": "ngram"}, ServerSettings(stock=True))
     assert spec(argv)["method"] == "ngram"
     with pytest.raises(RelaxSpecError, match="must be at most prompt_lookup_max"):
         vllm_args("sd", {"proposer": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 3})

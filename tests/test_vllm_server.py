@@ -285,7 +285,7 @@ def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
     import json
 
     from relaxspec.errors import RelaxSpecError
-    from relaxspec.integrations.vllm.serve import parse_k_schedule, vllm_args
+    from relaxspec.integrations.vllm.serve import ServerSettings, parse_k_schedule, vllm_args
 
     schedule = parse_k_schedule("1-4:4, 5-16:2,17-256:0")
     assert schedule == [(1, 4, 4), (5, 16, 2), (17, 256, 0)]
@@ -293,22 +293,26 @@ def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
     for bad in ["", "2-4:4", "1-4:4,6-9:1", "1-4", "1-x:2", "4-1:2", "1-4:-1"]:
         with pytest.raises(RelaxSpecError, match="k-schedule"):
             parse_k_schedule(bad)
-    argv, _ = vllm_args("nsd", {"theta": 0.9}, k=4, k_schedule=schedule)
+    argv, _ = vllm_args("nsd", {"theta": 0.9}, ServerSettings(k=4, k_schedule=schedule))
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 16, 2], [17, 256, 0]]
     with pytest.raises(RelaxSpecError, match="more than k"):
-        vllm_args("nsd", {"theta": 0.9}, k=2, k_schedule=schedule)
+        vllm_args("nsd", {"theta": 0.9}, ServerSettings(k=2, k_schedule=schedule))
     # our proposers take it too (their drafters read the step's K from vLLM's scheduler)
     for method, params in (("sdd", {}), ("prove-lossless", {"seam": "own-cache"})):
-        argv, _ = vllm_args(method, params, k_schedule=[(1, 4, 8), (5, 1024, 0)])
+        argv, _ = vllm_args(method, params, ServerSettings(k_schedule=[(1, 4, 8), (5, 1024, 0)]))
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
         assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 8], [5, 1024, 0]], method
     with pytest.raises(RelaxSpecError, match="more than k = 8"):
-        vllm_args("sdd", {}, k_schedule=[(1, 4, 9), (5, 64, 0)])
+        vllm_args("sdd", {}, ServerSettings(k_schedule=[(1, 4, 9), (5, 64, 0)]))
     with pytest.raises(RelaxSpecError, match="parallel drafting"):  # vLLM runs it badly (docs)
-        vllm_args("prove-lossless", {"seam": "parallel"}, k_schedule=[(1, 4, 8), (5, 1024, 0)])
+        vllm_args(
+            "prove-lossless", {"seam": "parallel"}, ServerSettings(k_schedule=[(1, 4, 8), (5, 1024, 0)])
+        )
     # the fused seam (prove-lossless's default) reads block sizes; vLLM counts 2B - 1 slots
-    argv, _ = vllm_args("prove-lossless", {}, k_schedule=[(1, 8, 8), (9, 24, 4), (25, 1024, 0)])
+    argv, _ = vllm_args(
+        "prove-lossless", {}, ServerSettings(k_schedule=[(1, 8, 8), (9, 24, 4), (25, 1024, 0)])
+    )
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec["num_speculative_tokens"] == 15
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 8, 15], [9, 24, 7], [25, 1024, 0]]
@@ -321,11 +325,13 @@ def test_serve_module_passes_our_proposers_options(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(
-        serve_module, "serve", lambda method, params, **kw: seen.update(method=method, params=params, **kw)
+        serve_module,
+        "serve",
+        lambda method, params, server, options: seen.update(method=method, params=params, server=server),
     )
     serve_module.main(["--method", "prove-lossless", "--seam", "own-cache", "--k-schedule", "1-4:8,5-64:0"])
     assert seen["method"] == "prove-lossless" and seen["params"] == {"seam": "own-cache"}
-    assert seen["k_schedule"] == [(1, 4, 8), (5, 64, 0)]
+    assert seen["server"].k_schedule == [(1, 4, 8), (5, 64, 0)]
 
 
 @pytest.mark.slow  # spawns vLLM servers or workers
@@ -372,7 +378,9 @@ def test_serve_wires_the_guard_and_removes_its_stats_dir_on_exception(tmp_path, 
     was_registered, collectors = plugin.is_registered(), set(REGISTRY._collector_to_names)
     try:
         with pytest.raises(RuntimeError, match="failed to start"):
-            serve_module.serve("nsd", {"theta": 0.9}, max_tokens_cap=32, log_level="error", max_model_len=256)
+            server = serve_module.ServerSettings(max_model_len=256)
+            options = serve_module.ServingOptions(max_tokens_cap=32, log_level="error")
+            serve_module.serve("nsd", {"theta": 0.9}, server, options)
     finally:
         for collector in set(REGISTRY._collector_to_names) - collectors:
             REGISTRY.unregister(collector)

@@ -40,16 +40,9 @@ def generate(
     opts: MethodOptions,
 ) -> None:
     """Generate a continuation of PROMPT, streaming text (or one JSON object with --json)."""
-    check_engine(engine, kernels)
-    if engine == "vllm":
-        from relaxspec.integrations.vllm.runners import cli_generate
-
-        cli_generate(opts.method, opts.params, opts.paths, prompt, temperature, top_k, top_p, seed,
-                     max_new_tokens, stop, as_json)  # fmt: skip
-        return
     from relaxspec.core.sampling import SamplingParams
-    from relaxspec.methods import build_engine, load_models
 
+    check_engine(engine, kernels)
     params = SamplingParams(
         temperature=temperature,
         top_k=top_k,
@@ -58,6 +51,13 @@ def generate(
         max_new_tokens=max_new_tokens,
         stop=tuple(stop or ()),
     )
+    if engine == "vllm":
+        from relaxspec.integrations.vllm.runners import cli_generate
+
+        cli_generate(opts.method, opts.params, opts.paths, prompt, params, as_json)
+        return
+    from relaxspec.methods import build_engine, load_models
+
     engine = build_engine(opts.method, load_models(opts.method, opts.paths, kernels), **opts.params)
     if as_json:
         result = engine.generate(prompt, params)

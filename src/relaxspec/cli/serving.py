@@ -93,7 +93,7 @@ def serve_cmd(
     if k_schedule is not None and engine != "vllm":
         raise RelaxSpecError("--k-schedule is for --engine vllm (our engine picks K per step: --adaptive-k)")
     if engine == "vllm":
-        from relaxspec.integrations.vllm.serve import parse_k_schedule
+        from relaxspec.integrations.vllm.serve import ServerSettings, ServingOptions, parse_k_schedule
         from relaxspec.integrations.vllm.serve import serve as vllm_serve
 
         for name in given_flags(ctx, "max_queue", "batching", "adaptive_k", "extra_models"):
@@ -103,11 +103,24 @@ def serve_cmd(
         schedule = parse_k_schedule(k_schedule) if k_schedule is not None else None
         params = {n: v for n, v in opts.params.items() if n != "k"}
         k = opts.params.get("k", params_mod.DEFAULT_K)
-        vllm_serve(opts.method, params, k=k, target=opts.paths.get("target"),
-                   draft=opts.paths.get("draft"), host=host, port=port, api_key=api_key,
-                   served_model_name=model_name, k_schedule=schedule, max_body_bytes=max_body_bytes,
-                   max_tokens_cap=max_tokens_cap, default_max_tokens=default_max_tokens, log_level=log_level,
-                   max_concurrency=concurrency)  # fmt: skip
+        server = ServerSettings(
+            target=opts.paths.get("target"),
+            draft=opts.paths.get("draft"),
+            k=k,
+            k_schedule=schedule,
+            host=host,
+            port=port,
+            served_model_name=model_name,
+        )
+        options = ServingOptions(
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            max_tokens_cap=max_tokens_cap,
+            default_max_tokens=default_max_tokens,
+            max_concurrency=concurrency,
+            log_level=log_level,
+        )
+        vllm_serve(opts.method, params, server, options)
         return
     import uvicorn
 

@@ -5,7 +5,8 @@
 The engine is a ``vllm.LLM`` with vLLM's draft-model proposer (``k`` drafts per step) and the
 plugin; the rule goes to vLLM per request in ``SamplingParams.extra_args``, so one engine serves
 every rule at its ``k`` (``generate(..., rule={"rule": "topk", "accept_k": 3})``). ``stock=True``
-is vLLM without the plugin (the ``vllm-ar`` / ``vllm-sd`` peers).
+is vLLM without the plugin (the ``vllm-ar`` / ``vllm-sd`` peers). The keywords are the rule's
+parameters and the fields of :class:`VLLMEngineSettings` (checked on creation; ``VLLMEngine(settings)``).
 
 How ``tau`` is counted, why sampling uses probabilistic drafting, and the process options
 (``multiprocessing``, ``tensor_parallel_size``): docs/vllm.md, "The plugin, file by file".
@@ -18,7 +19,7 @@ import itertools
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,157 @@ PROPOSER_ROLES: dict[str, str | None] = {
 CUSTOM_PROPOSERS = ("block-cache", "block-fused", "diffusion")  # our proposer classes: they need the plugin
 
 
+@dataclass(frozen=True)
+class VLLMEngineSettings:
+    """Everything a :class:`VLLMEngine` is built from, checked on creation (``RelaxSpecError``).
+
+    ``method``: ``ar`` or the default rule of the engine's requests (aliases allowed; stored
+    canonical), ``rule_params`` its parameters (:data:`~relaxspec.integrations.vllm.rules.PARAM_KEYS`);
+    ``target`` / ``draft``: model directories (None: the bundled model of the role); ``proposer``,
+    ``k`` and the proposer options (``gamma``, ``steps``, ``reveal``, ``min_confidence``,
+    ``prompt_lookup_min`` / ``_max``): see :class:`VLLMEngine`. The rest goes to ``vllm.LLM``
+    (``llm_kwargs`` last, over the others); ``multiprocessing`` None reads
+    ``$VLLM_ENABLE_V1_MULTIPROCESSING`` when the engine is built.
+    """
+
+    method: str = "sd"
+    rule_params: Mapping[str, Any] = field(default_factory=dict)
+    target: str | Path | None = None
+    draft: str | Path | None = None
+    k: int = DEFAULT_K
+    proposer: str = "draft"
+    gamma: int | None = None
+    steps: int | None = None
+    reveal: str = "auto"
+    min_confidence: float | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    stock: bool = False
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    seed: int = 0
+    draft_sample_method: str | None = None
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
+    multiprocessing: bool | None = None
+    enforce_eager: bool = True
+    llm_kwargs: Mapping[str, Any] | None = None
+    # derived on creation: the default rule (None for ar) and the ngram window
+    rule: RuleChoice | None = field(init=False, default=None, repr=False, compare=False)
+    lookup_window: tuple[int | None, int | None] = field(init=False, default=(None, None), repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", "ar" if self.method == "ar" else canonical(self.method))
+        object.__setattr__(self, "rule", self._check_rule())
+        self._check_engine()
+        window = check_prompt_lookup(self.proposer, self.prompt_lookup_min, self.prompt_lookup_max)
+        object.__setattr__(self, "lookup_window", window)
+        if self.role is None and self.draft is not None:
+            raise RelaxSpecError(f"the {self.proposer!r} proposer drafts without a model: pass no draft")
+
+    @classmethod
+    def of(cls, method: str = "sd", **keywords: Any) -> VLLMEngineSettings:
+        """Settings from keywords: this class's fields, and every other keyword a rule parameter
+        (``VLLMEngineSettings.of("nsd", theta=0.9, k=4)``)."""
+        names = {f.name for f in fields(cls) if f.init} - {"method", "rule_params"}
+        own = {n: v for n, v in keywords.items() if n in names}
+        return cls(method, {n: v for n, v in keywords.items() if n not in names}, **own)
+
+    @property
+    def role(self) -> str | None:
+        """The model role the proposer loads (None: a model-free proposer)."""
+        return PROPOSER_ROLES[self.proposer]
+
+    def _check_rule(self) -> RuleChoice | None:
+        """The default rule (None for ``ar``); unknown or misplaced parameters raise."""
+        params = dict(self.rule_params)
+        if self.method == "ar" and params:
+            raise RelaxSpecError(f"method 'ar' takes no rule parameters, got {', '.join(params)}")
+        unknown = set(params) - set(PARAM_KEYS)
+        if unknown:
+            raise RelaxSpecError(
+                f"unknown parameter(s) {', '.join(sorted(unknown))}; "
+                f"rule parameters are {', '.join(PARAM_KEYS)}"
+            )
+        return None if self.method == "ar" else RuleChoice(self.method, params)
+
+    def _check_engine(self) -> None:
+        """Stock vLLM's limits, the draft length, the parallelism and the proposer's name."""
+        if self.stock and self.method not in ("ar", "sd"):
+            raise RelaxSpecError(f"stock vLLM has no {self.method!r} rule (only ar and sd)")
+        if self.method != "ar":
+            check_int("k", self.k, 1, what="draft length")
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        proposer = self.proposer
+        if proposer not in PROPOSER_ROLES:
+            raise RelaxSpecError(f"proposer must be one of {', '.join(PROPOSER_ROLES)}, got {proposer!r}")
+        if self.stock and proposer in CUSTOM_PROPOSERS:
+            raise RelaxSpecError(f"the {proposer!r} proposer needs the relaxspec plugin (not stock vLLM)")
+
+
+def model_dirs(s: VLLMEngineSettings) -> tuple[Path, Path | None]:
+    """The target's directory and the proposer's model directory (None: ``ar`` or model-free)."""
+    target = model_dir("target", s.target, "vLLM")
+    draft = model_dir(s.role, s.draft, "vLLM") if s.method != "ar" and s.role else None
+    return target, draft  # type: ignore[return-value]
+
+
+def llm_arguments(s: VLLMEngineSettings, target: Path, draft: Path | None) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``s`` with its models at ``target`` / ``draft``."""
+    kwargs: dict[str, Any] = {
+        "model": str(target),
+        "tokenizer": str(target),
+        "enforce_eager": s.enforce_eager,
+        "seed": s.seed,
+        "tensor_parallel_size": s.tensor_parallel_size,
+        "disable_log_stats": True,
+    }
+    if s.max_model_len is not None:
+        kwargs["max_model_len"] = s.max_model_len
+    if s.method != "ar":
+        kwargs.update(_speculative_arguments(s, target, draft))
+    kwargs.update(s.llm_kwargs or {})
+    return kwargs
+
+
+def _speculative_arguments(s: VLLMEngineSettings, target: Path, draft: Path | None) -> dict[str, Any]:
+    """``speculative_config`` (with the batch-size schedule of k) and what our proposers add."""
+    from relaxspec.integrations.vllm import proposers
+
+    sample_method = s.draft_sample_method
+    if sample_method is None:
+        sample_method = "greedy" if s.stock else "probabilistic"
+    out: dict[str, Any] = {}
+    if s.role is None:  # vLLM's ngram / suffix: drafts without probabilities
+        spec = lookup_speculative_config(s.proposer, s.k, *s.lookup_window)
+    elif s.proposer == "draft":
+        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": s.k}
+        spec["draft_sample_method"] = sample_method
+    else:
+        assert draft is not None
+        if s.proposer in ("block", "block-cache", "block-fused"):
+            _check_block_model(draft, s.k)
+        if s.proposer == "block-fused" and draft.resolve() != target.resolve():
+            raise RelaxSpecError(
+                "the fused seam drafts with the target itself: target and draft must be the "
+                f"same block model (got {target} and {draft})"
+            )
+        if s.proposer == "block":
+            out["hf_overrides"] = proposers.mars_hf_overrides
+        gamma = s.k if s.gamma is None else s.gamma
+        options = (s.k, sample_method, gamma, s.steps, s.reveal, s.min_confidence)
+        spec, extra_config = proposers.speculative_settings(s.proposer, str(draft), *options)
+        if extra_config is not None:
+            out["additional_config"] = extra_config
+    proposers.add_k_schedule(spec, s.num_speculative_tokens_per_batch_size)
+    out["speculative_config"] = spec
+    return out
+
+
 class VLLMEngine:
     """A vLLM engine for one (method family, proposer, k): ``ar``, or speculative decoding with any rule.
+
+    Built from :class:`VLLMEngineSettings` (``VLLMEngine(settings)``), or from a method and the
+    same keywords (``VLLMEngine("nsd", theta=0.9, k=4)``: :meth:`VLLMEngineSettings.of`).
 
     method: ``ar`` or a rule name (``sd``, ``nsd``, ``topk``, ``typical``, ``lenience``,
     ``topk-delta``, ``threshold``, ``fly``, ``greedy``, ``gate``; aliases ``exact``, ``nucleus``,
@@ -130,117 +280,33 @@ class VLLMEngine:
     too): ``q`` is one-hot at each draft (:mod:`relaxspec.integrations.vllm.lookup`).
     """
 
-    def __init__(
-        self,
-        method: str = "sd",
-        *,
-        target: str | Path | None = None,
-        draft: str | Path | None = None,
-        k: int = DEFAULT_K,
-        proposer: str = "draft",
-        gamma: int | None = None,
-        steps: int | None = None,
-        reveal: str = "auto",
-        min_confidence: float | None = None,
-        prompt_lookup_min: int | None = None,
-        prompt_lookup_max: int | None = None,
-        stock: bool = False,
-        tensor_parallel_size: int = 1,
-        max_model_len: int | None = None,
-        seed: int = 0,
-        draft_sample_method: str | None = None,
-        num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None,
-        multiprocessing: bool | None = None,
-        enforce_eager: bool = True,
-        llm_kwargs: Mapping[str, Any] | None = None,
-        **params: Any,
-    ) -> None:
+    def __init__(self, settings: VLLMEngineSettings | str = "sd", /, **keywords: Any) -> None:
         plugin.require_vllm()
         plugin.check_version()
-        self.method = "ar" if method == "ar" else canonical(method)
-        if self.method == "ar" and params:
-            raise RelaxSpecError(f"method 'ar' takes no rule parameters, got {', '.join(params)}")
-        unknown = set(params) - set(PARAM_KEYS)
-        if unknown:
-            raise RelaxSpecError(
-                f"unknown parameter(s) {', '.join(sorted(unknown))}; "
-                f"rule parameters are {', '.join(PARAM_KEYS)}"
-            )
-        self.rule = None if self.method == "ar" else RuleChoice(self.method, params)
-        if stock and self.method not in ("ar", "sd"):
-            raise RelaxSpecError(f"stock vLLM has no {self.method!r} rule (only ar and sd)")
-        if self.method != "ar":
-            check_int("k", k, 1, what="draft length")
-        check_int("tensor_parallel_size", tensor_parallel_size, 1)
-        if proposer not in PROPOSER_ROLES:
-            raise RelaxSpecError(f"proposer must be one of {', '.join(PROPOSER_ROLES)}, got {proposer!r}")
-        if stock and proposer in CUSTOM_PROPOSERS:
-            raise RelaxSpecError(f"the {proposer!r} proposer needs the relaxspec plugin (not stock vLLM)")
-        lookup_window = check_prompt_lookup(proposer, prompt_lookup_min, prompt_lookup_max)
-        role = PROPOSER_ROLES[proposer]
-        if role is None and draft is not None:
-            raise RelaxSpecError(f"the {proposer!r} proposer drafts without a model: pass no draft")
-        self.stock = stock
-        self.proposer = proposer if self.method != "ar" else None
-        self.k = k if self.method != "ar" else 0
-        self.target = model_dir("target", target, "vLLM")
-        self.draft = model_dir(role, draft, "vLLM") if self.method != "ar" and role else None
+        if isinstance(settings, VLLMEngineSettings):
+            if keywords:
+                raise TypeError("VLLMEngine takes VLLMEngineSettings or a method and keywords, not both")
+        else:
+            settings = VLLMEngineSettings.of(**{"method": settings, **keywords})
+        s = self.settings = settings
+        self.method, self.rule, self.stock = s.method, s.rule, s.stock
+        self.proposer = s.proposer if s.method != "ar" else None
+        self.k = s.k if s.method != "ar" else 0
+        self.target, self.draft = model_dirs(s)
+        multiprocessing = s.multiprocessing
         if multiprocessing is None:
             multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"
         self.multiprocessing = multiprocessing
+        self.llm = self._start(llm_arguments(s, self.target, self.draft))
+        self.tokenizer = self.llm.get_tokenizer()
 
+    def _start(self, kwargs: dict[str, Any]) -> Any:
+        """``vllm.LLM(**kwargs)`` with the plugin in (or out, stock) and vLLM's environment set."""
         from vllm import LLM
 
-        kwargs: dict[str, Any] = {
-            "model": str(self.target),
-            "tokenizer": str(self.target),
-            "enforce_eager": enforce_eager,
-            "seed": seed,
-            "tensor_parallel_size": tensor_parallel_size,
-            "disable_log_stats": True,
-        }
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
-        if self.method != "ar":
-            from relaxspec.integrations.vllm import proposers
-
-            if draft_sample_method is None:
-                draft_sample_method = "greedy" if stock else "probabilistic"
-            spec: dict[str, Any]
-            if role is None:  # vLLM's ngram / suffix: drafts without probabilities
-                spec = lookup_speculative_config(proposer, k, *lookup_window)
-            elif proposer == "draft":
-                spec = {"method": "draft_model", "model": str(self.draft), "num_speculative_tokens": k}
-                spec["draft_sample_method"] = draft_sample_method
-            else:
-                if proposer in ("block", "block-cache", "block-fused"):
-                    _check_block_model(self.draft, k)
-                if proposer == "block-fused" and self.draft.resolve() != self.target.resolve():
-                    raise RelaxSpecError(
-                        "the fused seam drafts with the target itself: target and draft must be the "
-                        f"same block model (got {self.target} and {self.draft})"
-                    )
-                if proposer == "block":
-                    kwargs["hf_overrides"] = proposers.mars_hf_overrides
-                spec, extra_config = proposers.speculative_settings(
-                    proposer,
-                    str(self.draft),
-                    k,
-                    draft_sample_method,
-                    k if gamma is None else gamma,
-                    steps,
-                    reveal,
-                    min_confidence,
-                )
-                if extra_config is not None:
-                    kwargs["additional_config"] = extra_config
-            proposers.add_k_schedule(spec, num_speculative_tokens_per_batch_size)
-            kwargs["speculative_config"] = spec
-        kwargs.update(llm_kwargs or {})
         make_llvmlite_scannable()  # stock too: an ngram engine earlier in this process imported numba
-        with self._plugin_state(), _env(**engine_env(stock, multiprocessing, self.rule)):
-            self.llm = LLM(**kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
+        with self._plugin_state(), _env(**engine_env(self.stock, self.multiprocessing, self.rule)):
+            return LLM(**kwargs)
 
     # -- plugin on/off where vLLM runs in this process --------------------------------------------
 
@@ -434,4 +500,4 @@ def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[
     return out
 
 
-__all__ = ["RULE_NAMES", "VLLMEngine", "VLLMResult", "other_plugins"]
+__all__ = ["RULE_NAMES", "VLLMEngine", "VLLMEngineSettings", "VLLMResult", "other_plugins"]

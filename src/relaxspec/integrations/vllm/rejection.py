@@ -21,12 +21,14 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from relaxspec.core.acceptance import Gate, verify_unchecked
+from relaxspec.core.acceptance import Gate, Rule, verify_unchecked
 from relaxspec.engine.proposers.block import draw_next_block
 from relaxspec.integrations.vllm.rules import RuleChoice, default_choice
 
@@ -215,11 +217,8 @@ def relaxed_rejection_sample(
     out = torch.full((batch_size, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
     if batch_size == 0:
         return out
-    vocab = target_logits.shape[-1]
     probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # [N, V]
-    bonus = bonus_token_ids.reshape(-1).long()
-    drafts = draft_token_ids.long()
-    draft_list = drafts.tolist()
+    step = _Step(draft_token_ids.long(), probs, draft_probs, bonus_token_ids.reshape(-1).long(), out)
     greedy = _greedy_rows(sampling_metadata, batch_size)
     choices = row_choices()
     if choices is None or len(choices) != batch_size:
@@ -227,65 +226,127 @@ def relaxed_rejection_sample(
     generators = sampling_metadata.generators or {}
     mask_id = getattr(_local, "fused_mask", None)
     fused_next: dict[int, tuple[Tensor, Tensor]] = getattr(_local, "fused_next", {})
+    groups = _group_rows(step.drafts.tolist(), num_draft_tokens, choices, greedy, generators, mask_id)
+    counting = _is_reporting_rank()
+    for (_, is_greedy, k, cut, _), members in groups.items():
+        choice = choices[members[0][0]]
+        gen = None if is_greedy else generators.get(members[0][0])
+        rule = choice.rule(is_greedy)
+        accepted, next_token, exact = _verify_group(step, rule, members, k, cut, is_greedy, gen)
+        if mask_id is not None and cut:
+            fused_next.update(_next_blocks(probs, members, k, accepted, next_token, mask_id, is_greedy, gen))
+        if counting:
+            COUNTERS.add(choice.label() + ("/greedy" if is_greedy else ""), k, accepted, exact, next_token)
+    if counting:
+        _flush()
+    return out
 
-    groups: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
+
+@dataclass(frozen=True)
+class _Step:
+    """One call's tensors: drafts ``[N]`` (long), target laws ``[N, V]`` (float32 softmax of
+    vLLM's processed logits), draft laws ``[N, V]`` or None, vLLM's bonus tokens ``[B]`` and the
+    output ``int32 [B, max_spec_len + 1]`` being filled."""
+
+    drafts: Tensor
+    probs: Tensor
+    draft_probs: Tensor | None
+    bonus: Tensor
+    out: Tensor
+
+
+# (rule key, greedy, K', cut, seeded row or -1) -> [(batch row, first draft slot, drafts n)]
+Groups = dict[tuple[Any, ...], list[tuple[int, int, int]]]
+
+
+def _group_rows(
+    draft_list: list[int],
+    num_draft_tokens: list[int],
+    choices: list[RuleChoice],
+    greedy: list[bool],
+    generators: dict[int, torch.Generator],
+    mask_id: int | None,
+) -> Groups:
+    """Rows verified together: same rule, greedy or not, same K' (the drafts before the first
+    ``-1`` or fused placeholder), and cut (K' < n) or not; a seeded row is its own group, so that
+    verification draws from its generator alone."""
+    groups: Groups = {}
     start = 0
     for b, n in enumerate(num_draft_tokens):
         ids = draft_list[start : start + n]
         n_eff = min(ids.index(end) if end in ids else n for end in (PLACEHOLDER, mask_id))
         gen = generators.get(b) if not greedy[b] else None
-        # A seeded row is its own group: verify draws from its generator alone.
         key = (choices[b].key, greedy[b], n_eff, n_eff < n, b if gen is not None else -1)
         groups.setdefault(key, []).append((b, start, n))
         start += n
+    return groups
 
-    counting = _is_reporting_rank()
-    for key, members in groups.items():
-        _, is_greedy, k, cut, _ = key
-        b0 = members[0][0]
-        rule = choices[b0].rule(is_greedy)
-        gen = None if is_greedy else generators.get(b0)
-        rows = torch.tensor([m[0] for m in members], device=device)
-        starts = torch.tensor([m[1] for m in members], device=device)
-        idx = starts.unsqueeze(1) + torch.arange(k, device=device)  # [G, K']
-        tokens = drafts[idx]
-        p_draft = probs[idx]  # [G, K', V]
-        # After the last draft: the target law at the first non-draft slot, or vLLM's bonus.
-        last = probs[starts + k] if cut else torch.nn.functional.one_hot(bonus[rows], vocab).to(probs.dtype)
-        target = torch.cat([p_draft, last.unsqueeze(1)], dim=1)
-        q = None
-        if rule.needs_draft_probs:
-            if draft_probs is not None:
-                q = draft_probs[idx].float()
-            else:
-                q = torch.nn.functional.one_hot(tokens, vocab).to(probs.dtype)
-        verdict = verify_unchecked(rule, tokens, q, target, generator=gen)
-        accepted, next_token = verdict.accepted, verdict.next_token
-        if isinstance(rule, Gate):
-            next_token = _gate_fallback(accepted, next_token, target, is_greedy, gen)
-        pos = torch.arange(k + 1, device=device)
-        padded = torch.cat([tokens, tokens.new_zeros(len(members), 1)], dim=1)
-        emitted = torch.where(pos < accepted.unsqueeze(1), padded, PLACEHOLDER)
-        emitted = torch.where(pos == accepted.unsqueeze(1), next_token.unsqueeze(1), emitted)
-        out[rows, : k + 1] = emitted.to(torch.int32)
-        if mask_id is not None and cut:
-            # only where the token after the drafts is emitted: the placeholders' laws follow it
-            # (Gate emits none after accepted drafts)
-            ends = zip(accepted.tolist(), next_token.tolist(), members, strict=True)
-            for n_accepted, after, (b, row_start, n) in ends:
-                if n_accepted == k and after >= 0 and n - k >= 2:
-                    laws = probs[row_start + k + 1 : row_start + n]  # [m - 1, V]
-                    fused_next[b] = draw_next_block(laws, mask_id, is_greedy, gen)
-        if counting:
-            COUNTERS.add(
-                choices[b0].label() + ("/greedy" if is_greedy else ""),
-                k,
-                accepted,
-                verdict.exact_accepted,
-                next_token,
-            )
-    if counting:
-        _flush()
+
+def _verify_group(
+    step: _Step,
+    rule: Rule,
+    members: list[tuple[int, int, int]],
+    k: int,
+    cut: bool,
+    greedy: bool,
+    gen: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Verify one group's ``[G, K']`` drafts and write its rows of ``step.out``; returns
+    ``(accepted [G], next_token [G], exact_accepted [G] or None)``.
+
+    The target law after the last draft is the law at the first non-draft slot (cut rows) or
+    one-hot at vLLM's bonus token; a rule that needs ``q`` without draft laws gets one-hot ``q``.
+    """
+    probs, device, vocab = step.probs, step.probs.device, step.probs.shape[-1]
+    rows = torch.tensor([m[0] for m in members], device=device)
+    starts = torch.tensor([m[1] for m in members], device=device)
+    idx = starts.unsqueeze(1) + torch.arange(k, device=device)  # [G, K']
+    tokens = step.drafts[idx]
+    last = probs[starts + k] if cut else F.one_hot(step.bonus[rows], vocab).to(probs.dtype)  # [G, V]
+    target = torch.cat([probs[idx], last.unsqueeze(1)], dim=1)  # [G, K' + 1, V]
+    q = None
+    if rule.needs_draft_probs and step.draft_probs is not None:
+        q = step.draft_probs[idx].float()  # [G, K', V]
+    elif rule.needs_draft_probs:  # no draft laws (a model-free proposer): q one-hot at the draft
+        q = F.one_hot(tokens, vocab).to(probs.dtype)
+    verdict = verify_unchecked(rule, tokens, q, target, generator=gen)
+    accepted, next_token = verdict.accepted, verdict.next_token
+    if isinstance(rule, Gate):
+        next_token = _gate_fallback(accepted, next_token, target, greedy, gen)
+    step.out[rows, : k + 1] = _emitted(tokens, accepted, next_token)
+    return accepted, next_token, verdict.exact_accepted
+
+
+def _emitted(tokens: Tensor, accepted: Tensor, next_token: Tensor) -> Tensor:
+    """``int32 [G, K' + 1]``: row ``g`` is ``tokens[g, :a] + [next_token[g]] + [-1] * (K' - a)``
+    with ``a = accepted[g]`` (a next token of ``-1``: none)."""
+    pos = torch.arange(tokens.shape[1] + 1, device=tokens.device)
+    padded = torch.cat([tokens, tokens.new_zeros(len(tokens), 1)], dim=1)
+    emitted = torch.where(pos < accepted.unsqueeze(1), padded, PLACEHOLDER)
+    emitted = torch.where(pos == accepted.unsqueeze(1), next_token.unsqueeze(1), emitted)
+    return emitted.to(torch.int32)
+
+
+def _next_blocks(
+    probs: Tensor,
+    members: list[tuple[int, int, int]],
+    k: int,
+    accepted: Tensor,
+    next_token: Tensor,
+    mask_id: int,
+    greedy: bool,
+    gen: torch.Generator | None,
+) -> dict[int, tuple[Tensor, Tensor]]:
+    """The fused block seam's next drafts of a cut group, ``{batch row: (drafts [m], q [m, V])}``,
+    drawn from the laws at the placeholders after the real drafts; only for rows that accepted
+    all ``k`` drafts and emitted the token after them (the placeholders' laws follow that token;
+    Gate emits none after accepted drafts)."""
+    out = {}
+    ends = zip(accepted.tolist(), next_token.tolist(), members, strict=True)
+    for n_accepted, after, (b, row_start, n) in ends:
+        if n_accepted == k and after >= 0 and n - k >= 2:
+            laws = probs[row_start + k + 1 : row_start + n]  # [m - 1, V]
+            out[b] = draw_next_block(laws, mask_id, greedy, gen)
     return out
 
 

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.core.named_rules import RULES
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.proposers.block import check_fused_block_size, check_min_confidence
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations.vllm.lookup import check_prompt_lookup
-from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMResult
+from relaxspec.integrations.vllm.offline import VLLMEngine, VLLMEngineSettings, VLLMResult
 from relaxspec.integrations.vllm.rules import RuleChoice
 from relaxspec.methods import (
     LOOKUP_PROPOSERS,
@@ -257,16 +258,17 @@ def row_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None = 
     return engine_plan(name, p, paths)
 
 
-def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> VLLMEngine:
-    """The one place a :class:`VLLMEngine` is built from a plan: models by role from ``paths`` (None:
-    the bundled ones); ``runtime``: ``seed``, ``multiprocessing``, ``max_model_len``, ..."""
+def engine_settings(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> VLLMEngineSettings:
+    """The :class:`VLLMEngineSettings` of a plan: models by role from ``paths`` (None: the bundled
+    ones); ``runtime``: ``seed``, ``multiprocessing``, ``max_model_len``, ..."""
     where = "vLLM"
     target = model_dir(plan.target_role, paths.get(plan.target_role), where)
     if plan.rule == "ar":
-        return VLLMEngine("ar", target=target, stock=plan.stock, **runtime)
+        return VLLMEngineSettings("ar", target=target, stock=plan.stock, **runtime)
     role = plan.proposer_role
-    return VLLMEngine(
+    return VLLMEngineSettings(
         plan.rule,
+        plan.rule_params,
         target=target,
         draft=model_dir(role, paths.get(role), where) if role else None,
         k=plan.k,
@@ -274,8 +276,12 @@ def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> 
         stock=plan.stock,
         **plan.options,
         **runtime,
-        **plan.rule_params,
     )
+
+
+def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> VLLMEngine:
+    """The one place a :class:`VLLMEngine` is built from a plan (:func:`engine_settings`)."""
+    return VLLMEngine(engine_settings(plan, paths, **runtime))
 
 
 class EnginePool:
@@ -374,37 +380,34 @@ def runner(name: str, params: dict[str, Any], sampling: Any, pool: EnginePool) -
 def generate_json(
     method: str,
     prompt: str,
+    sampling: SamplingParams | None = None,
     *,
     params: dict[str, Any] | None = None,
-    temperature: float = 0.0,
-    max_new_tokens: int = 128,
-    seed: int | None = None,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    stop: Sequence[str] | None = None,
     paths: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One generation for ``relaxspec generate --engine vllm``: ``{"text", "tokens", "stats"}``.
 
-    ``paths``: model directories by role (``target``, ``draft``, ``block``, ``diffusion``).
+    ``sampling``: temperature, top-k, top-p, seed, budget and stop strings (None: greedy, 128
+    tokens); ``paths``: model directories by role (``target``, ``draft``, ``block``, ``diffusion``).
     """
+    sampling = sampling or SamplingParams(temperature=0.0)
     p = resolve(method, params or {})
     plan = row_plan(method, p, paths or {})
-    engine = start_engine(plan, paths or {}, seed=seed or 0)
+    engine = start_engine(plan, paths or {}, seed=sampling.seed or 0)
     try:
         result = engine.generate(
             prompt,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            top_k=top_k,
-            top_p=top_p,
-            stop=stop,
+            temperature=sampling.temperature,
+            max_new_tokens=sampling.max_new_tokens,
+            seed=sampling.seed,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            stop=sampling.stop,
         )[0]
     finally:
         engine.close()
     stats = generation_stats(result, plan.drafter_positions)
-    stats.update({"method": method, "params": p, "temperature": temperature})
+    stats.update({"method": method, "params": p, "temperature": sampling.temperature})
     return {"text": result.text, "tokens": result.tokens, "stats": stats}
 
 
@@ -485,12 +488,7 @@ def cli_generate(
     params: dict[str, Any],
     paths: dict[str, Any],
     prompt: str,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    seed: int | None,
-    max_new_tokens: int,
-    stop: Sequence[str] | None,
+    sampling: SamplingParams,
     as_json: bool,
 ) -> None:
     """``relaxspec generate --engine vllm``: one JSON object on stdout (``--json``) or the text."""
@@ -500,18 +498,7 @@ def cli_generate(
 
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     with stdout_to_stderr():
-        out = generate_json(
-            method,
-            prompt,
-            params=params,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            top_k=top_k,
-            top_p=top_p,
-            stop=stop,
-            paths=paths,
-        )
+        out = generate_json(method, prompt, sampling, params=params, paths=paths)
     if as_json:
         print(json.dumps(out))
         return

@@ -25,7 +25,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,66 +123,86 @@ def parse_k_schedule(text: str) -> list[tuple[int, int, int]]:
     return schedule
 
 
-def vllm_args(
-    method: str,
-    params: dict[str, Any],
-    *,
-    target: str | Path | None = None,
-    draft: str | Path | None = None,
-    k: int = DEFAULT_K,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    served_model_name: str | None = None,
-    max_model_len: int | None = None,
-    tensor_parallel_size: int = 1,
-    stock: bool = False,
-    k_schedule: Sequence[tuple[int, int, int]] | None = None,
-    extra: Sequence[str] = (),
-    paths: dict[str, Any] | None = None,
-) -> tuple[list[str], RuleChoice | None]:
-    """The ``vllm serve`` command line for our settings, and the default rule (None for ``ar``).
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """vLLM's server for a method: the models (``target``, ``draft``, and ``paths`` by role for our
+    proposers' ``block`` / ``diffusion``; None: the bundled ones), the draft length ``k`` and its
+    batch-size schedule (:func:`parse_k_schedule`; its largest K at most ``k``), ``stock`` (the
+    plugin out), the address, name and size of the server, and vLLM's own flags (``extra``)."""
 
-    ``k_schedule``: vLLM's batch-size-dependent draft length (:func:`parse_k_schedule`); the
-    largest K in it must not exceed ``k``.
-    """
+    target: str | Path | None = None
+    draft: str | Path | None = None
+    k: int = DEFAULT_K
+    paths: Mapping[str, Any] = field(default_factory=dict)
+    stock: bool = False
+    k_schedule: Sequence[tuple[int, int, int]] | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    extra: Sequence[str] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingOptions:
+    """Our serving options: the guard's (:mod:`.guard`; ``api_key``, else ``$VLLM_API_KEY``),
+    vLLM's (``max_concurrency``, ``log_level``: :func:`serving_args`) and where the samplers leave
+    their counts (``stats_dir``; None: a temporary directory, :func:`temporary_stats_dir`)."""
+
+    api_key: str | None = None
+    max_body_bytes: int | None = None
+    max_tokens_cap: int | None = None
+    default_max_tokens: int | None = None
+    max_concurrency: int | None = None
+    log_level: str | None = None
+    stats_dir: str | None = None
+
+
+def vllm_args(
+    method: str, params: dict[str, Any], server: ServerSettings | None = None
+) -> tuple[list[str], RuleChoice | None]:
+    """The ``vllm serve`` command line for a method on ``server``, and its default rule (None for ``ar``)."""
     from relaxspec.integrations.vllm import runners
 
-    def server(target_dir: Path) -> list[str]:
-        """The command line every server shares: model, address, eager mode, name, parallelism."""
-        argv = ["--model", str(target_dir), "--host", host, "--port", str(port), "--enforce-eager",
-                "--served-model-name", served_model_name or "relaxspec",
-                "--tensor-parallel-size", str(tensor_parallel_size)]  # fmt: skip
-        if max_model_len:
-            argv += ["--max-model-len", str(max_model_len)]
-        return argv
-
+    s = server or ServerSettings()
     if method in runners.PROPOSER_METHODS:  # our proposers inside vLLM (.proposers); paths by role
-        if stock:
+        if s.stock:
             raise RelaxSpecError(f"{method!r} needs the relaxspec plugin and takes no --stock")
-        where = {"target": target, "draft": draft}
-        where.update({r: v for r, v in (paths or {}).items() if v is not None})
-        target_dir, spec_argv, choice = runners.proposer_spec_args(method, params, where, k_schedule)
-        return server(target_dir) + spec_argv + list(extra), choice
+        where = {"target": s.target, "draft": s.draft}
+        where.update({r: v for r, v in s.paths.items() if v is not None})
+        target_dir, spec_argv, choice = runners.proposer_spec_args(method, params, where, s.k_schedule)
+        return _server_args(s, target_dir) + spec_argv + list(s.extra), choice
     name = "ar" if method == "ar" else canonical(method)
     proposer, window, params = drafter_options(params)
     rule = None if name == "ar" else RuleChoice(name, params)
     if name == "ar" and (params or proposer != "draft" or any(window)):
         raise RelaxSpecError("method 'ar' takes no rule parameters")
-    check_int("k", k, 1)
-    argv = server(model_dir("target", target, "serve --engine vllm"))
+    check_int("k", s.k, 1)
+    argv = _server_args(s, model_dir("target", s.target, "serve --engine vllm"))
     if rule is not None:
         if proposer in LOOKUP_PROPOSERS:  # vLLM's ngram / suffix: no draft model
-            spec = lookup_speculative_config(proposer, k, *window)
+            spec = lookup_speculative_config(proposer, s.k, *window)
         else:
             spec = {
                 "method": "draft_model",
-                "model": str(model_dir("draft", draft, "serve --engine vllm")),
-                "num_speculative_tokens": k,
-                "draft_sample_method": "greedy" if stock else "probabilistic",
+                "model": str(model_dir("draft", s.draft, "serve --engine vllm")),
+                "num_speculative_tokens": s.k,
+                "draft_sample_method": "greedy" if s.stock else "probabilistic",
             }
-        proposers.add_k_schedule(spec, k_schedule)
+        proposers.add_k_schedule(spec, s.k_schedule)
         argv += ["--speculative-config", json.dumps(spec)]
-    return argv + list(extra), rule
+    return argv + list(s.extra), rule
+
+
+def _server_args(s: ServerSettings, target_dir: Path) -> list[str]:
+    """The command line every server shares: model, address, eager mode, name, parallelism."""
+    argv = ["--model", str(target_dir), "--host", s.host, "--port", str(s.port), "--enforce-eager",
+            "--served-model-name", s.served_model_name or "relaxspec",
+            "--tensor-parallel-size", str(s.tensor_parallel_size)]  # fmt: skip
+    if s.max_model_len:
+        argv += ["--max-model-len", str(s.max_model_len)]
+    return argv
 
 
 def drafter_options(
@@ -260,40 +281,36 @@ def serving_args(
 def serve(
     method: str = "nsd",
     params: dict[str, Any] | None = None,
-    *,
-    stock: bool = False,
-    stats_dir: str | None = None,
-    api_key: str | None = None,
-    max_body_bytes: int | None = None,
-    max_tokens_cap: int | None = None,
-    default_max_tokens: int | None = None,
-    max_concurrency: int | None = None,
-    log_level: str | None = None,
-    **kwargs: Any,
+    server: ServerSettings | None = None,
+    options: ServingOptions | None = None,
 ) -> None:
     """Run vLLM's OpenAI server with the plugin (blocks until the server stops).
 
-    ``api_key`` (else ``$VLLM_API_KEY``), ``max_body_bytes``, ``max_tokens_cap`` and
-    ``default_max_tokens`` are enforced by :mod:`.guard` on every route; ``max_concurrency`` and
-    ``log_level`` go to vLLM (:func:`serving_args`); the rest to :func:`vllm_args`.
+    ``server``: the method's models, k and address (:func:`vllm_args`); ``options``: the guard's
+    key and caps, enforced by :mod:`.guard` on every route, and vLLM's concurrency and log level
+    (:func:`serving_args`).
     """
+    server, o = server or ServerSettings(), options or ServingOptions()
     plugin.require_vllm()
     # Ours is the one key check, on every route; vLLM's would only repeat it on /v1 (and its
     # children need not hold the key).
     from_env = os.environ.pop("VLLM_API_KEY", None)
-    api_key = api_key or from_env or None
-    door = guard.GuardConfig(api_key, max_body_bytes, max_tokens_cap, default_max_tokens, chat_stop=STOP)
-    limits = serving_args(max_concurrency=max_concurrency, max_tokens_cap=max_tokens_cap, log_level=log_level)
-    if log_level is not None:  # before vLLM's logger is set up, and for every process it starts
-        os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG" if log_level == "trace" else log_level.upper()
+    api_key = o.api_key or from_env or None
+    door = guard.GuardConfig(
+        api_key, o.max_body_bytes, o.max_tokens_cap, o.default_max_tokens, chat_stop=STOP
+    )
+    limits = serving_args(
+        max_concurrency=o.max_concurrency, max_tokens_cap=o.max_tokens_cap, log_level=o.log_level
+    )
+    if o.log_level is not None:  # before vLLM's logger is set up, and for every process it starts
+        os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG" if o.log_level == "trace" else o.log_level.upper()
     plugin.check_version()
-    extra = [*limits, *kwargs.pop("extra", ())]
-    argv, rule = vllm_args(method, dict(params or {}), stock=stock, extra=extra, **kwargs)
+    argv, rule = vllm_args(method, dict(params or {}), replace(server, extra=(*limits, *server.extra)))
     guard.configure(door)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     plugin.die_with_parent()  # what this process forks dies with it (what it spawns: register())
     with contextlib.ExitStack() as stack:
-        if stock:
+        if server.stock:
             from relaxspec.integrations.vllm.offline import other_plugins
 
             # our plugin without its hooks: only the lifeline in the processes vLLM spawns
@@ -302,12 +319,12 @@ def serve(
         else:
             if rule is not None:
                 os.environ.update(default_env(rule))  # type: ignore[arg-type]
-            where = stats_dir or stack.enter_context(temporary_stats_dir())
+            where = o.stats_dir or stack.enter_context(temporary_stats_dir())
             os.environ[ENV_STATS_DIR] = where
             plugin.register()
             from prometheus_client import REGISTRY
 
-            REGISTRY.register(StatsCollector(where, kwargs.get("served_model_name") or "relaxspec"))
+            REGISTRY.register(StatsCollector(where, server.served_model_name or "relaxspec"))
         _run_vllm_server(argv, method)
 
 
@@ -372,28 +389,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--diffusion", type=str)
     ns, extra = ap.parse_known_args(argv)
     params = {n: getattr(ns, n) for n in row_params if getattr(ns, n) is not None}
-    serve(
-        ns.method,
-        params,
-        stock=ns.stock,
+    server = ServerSettings(
         target=ns.target,
         draft=ns.draft,
         k=ns.k,
+        paths={"block": ns.block, "diffusion": ns.diffusion},
+        stock=ns.stock,
+        k_schedule=parse_k_schedule(ns.k_schedule) if ns.k_schedule else None,
         host=ns.host,
         port=ns.port,
+        served_model_name=ns.served_model_name,
+        max_model_len=ns.max_model_len,
+        tensor_parallel_size=ns.tensor_parallel_size,
+        extra=tuple(extra),
+    )
+    options = ServingOptions(
         api_key=ns.api_key,
         max_body_bytes=ns.max_body_bytes,
         max_tokens_cap=ns.max_tokens_cap,
         default_max_tokens=ns.default_max_tokens,
         max_concurrency=ns.max_concurrency,
         log_level=ns.log_level,
-        served_model_name=ns.served_model_name,
-        max_model_len=ns.max_model_len,
-        tensor_parallel_size=ns.tensor_parallel_size,
-        k_schedule=parse_k_schedule(ns.k_schedule) if ns.k_schedule else None,
-        extra=extra,
-        paths={"block": ns.block, "diffusion": ns.diffusion},
     )
+    serve(ns.method, params, server, options)
 
 
 if __name__ == "__main__":
