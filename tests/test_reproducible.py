@@ -152,7 +152,8 @@ def test_vllm_schedule_drafts_full_k_while_a_reproducible_request_is_in(nsd_defa
 
     seen: list = []
 
-    def schedule(self):
+    def schedule(self, throttle_prefills=False):
+        assert throttle_prefills  # vLLM's arguments pass through
         seen.append(self.dynamic_sd_lookup)
         if len(seen) == 4:
             raise RuntimeError("a failed step")
@@ -162,19 +163,19 @@ def test_vllm_schedule_drafts_full_k_while_a_reproducible_request_is_in(nsd_defa
     free = VLLMRequest(VLLMParams(1.0, extra_args={"rule": "sd"}))
     seeded = VLLMRequest(VLLMParams(1.0, seed=5))
     alone = VLLMScheduler([free])
-    assert hooks.schedule_fixed_k(alone) == "output"
+    assert hooks.schedule_fixed_k(alone, True) == "output"
     assert seen[-1] == [4, 4, 4, 2, 2]  # nothing to keep fixed: vLLM's schedule
     waiting = VLLMScheduler([free], [seeded])
-    assert hooks.schedule_fixed_k(waiting) == "output"
+    assert hooks.schedule_fixed_k(waiting, throttle_prefills=True) == "output"
     assert seen[-1] is None  # the static K for this step
     assert waiting.dynamic_sd_lookup == [4, 4, 4, 2, 2]  # and the schedule back afterwards
     static = VLLMScheduler([seeded])
     static.dynamic_sd_lookup = None  # no schedule: vLLM's own path
-    hooks.schedule_fixed_k(static)
+    hooks.schedule_fixed_k(static, True)
     assert seen[-1] is None
     running = VLLMScheduler([seeded, free])
     with pytest.raises(RuntimeError):
-        hooks.schedule_fixed_k(running)
+        hooks.schedule_fixed_k(running, True)
     assert running.dynamic_sd_lookup == [4, 4, 4, 2, 2]  # restored on an error too
 
 

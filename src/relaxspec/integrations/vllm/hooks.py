@@ -62,7 +62,7 @@ def original(target: str) -> Any:
 # --- 1: the draft length of reproducible requests ---------------------------------------------------
 
 
-def schedule_fixed_k(self: Any) -> Any:
+def schedule_fixed_k(self: Any, *args: Any, **kw: Any) -> Any:
     """vLLM's ``schedule``, at the configured K while a request that needs a fixed K is in the engine.
 
     Under a batch-size schedule of K (``num_speculative_tokens_per_batch_size``, ``relaxspec serve
@@ -75,10 +75,10 @@ def schedule_fixed_k(self: Any) -> Any:
     schedule = original(f"{SCHEDULER}.schedule")
     lookup = getattr(self, "dynamic_sd_lookup", None)
     if lookup is None or not any(request_needs_fixed_k(r) for r in (*self.running, *self.waiting)):
-        return schedule(self)
+        return schedule(self, *args, **kw)
     self.dynamic_sd_lookup = None  # vLLM's static K for this step
     try:
-        return schedule(self)
+        return schedule(self, *args, **kw)
     finally:
         self.dynamic_sd_lookup = lookup
 
