@@ -18,6 +18,7 @@ from relaxspec.eval.tournament import (
     row_name,
     run_tournament,
     speedup_interval,
+    top_p_cells,
     verdict,
 )
 
@@ -235,3 +236,24 @@ def test_every_bundled_dataset_has_a_title():
 
     assert set(TITLES) == set(DATASETS)
     assert title("mathvar") == "held-out math word problems (mathvar)" and title("x.jsonl") == "x.jsonl"
+
+
+def test_cells_differing_only_in_top_p_get_their_own_runner(monkeypatch):
+    """Regression: runners were keyed by (method, params), so the tournament's top-p AR row ran
+    the plain-AR runner (top-p never applied; identical text on every prompt)."""
+    from relaxspec.eval import bench
+    from relaxspec.eval.datasets import Example
+
+    built = []
+
+    def fake_runner(cell, models, collect, pool=None):
+        built.append(cell.sampling["top_p"])
+        return lambda ex, seed, max_new_tokens=None: {"text": str(cell.sampling["top_p"])}
+
+    monkeypatch.setattr(bench, "make_runner", fake_runner)
+    s = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}
+    cells = [Cell("ar", {}, "d", 0, s), *top_p_cells([Cell("ar", {}, "d", 0, s)], 0.9)]
+    config = bench.BenchConfig(methods=["ar"], datasets=["d"])
+    runners, broken = bench.warm_up(cells, None, {"d": [Example("e", "w1")]}, config)
+    assert not broken and sorted(built) == [0.9, 1.0]
+    assert [runners[bench.runner_key(c)](None, 0)["text"] for c in cells] == ["1.0", "0.9"]

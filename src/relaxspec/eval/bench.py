@@ -406,22 +406,31 @@ def warm_up(
     config: BenchConfig,
     pool: vllm_runners.EnginePool | None = None,
 ) -> tuple[dict[str, Runner], dict[str, str]]:
-    """Build and warm up one runner per (method, params): (runners, errors) keyed by cell label.
+    """Build and warm up one runner per (method, params, sampling): (runners, errors) keyed by
+    :func:`runner_key`.
 
     A runner that cannot be built or fails its warm-up generation is an error of its cells only.
     """
     runners: dict[str, Runner] = {}
     broken: dict[str, str] = {}
     for cell in cells:
-        if cell.label in runners or cell.label in broken:
+        key = runner_key(cell)
+        if key in runners or key in broken:
             continue
         try:
             run = make_runner(cell, models, config.diagnostics, pool)
             run(Example("warmup", examples[cell.dataset][0].prompt), 0, config.warmup_tokens)
-            runners[cell.label] = run
+            runners[key] = run
         except Exception as err:  # recorded in the cell, the grid goes on
-            broken[cell.label] = _error(err)
+            broken[key] = _error(err)
     return runners, broken
+
+
+def runner_key(cell: Cell) -> str:
+    """What a runner is built from: the cell's label and its sampling (a runner holds its sampling
+    parameters, so two cells that differ only in top-p, as the tournament's AR and top-p AR, need
+    two runners)."""
+    return f"{cell.label} {json.dumps(cell.sampling, sort_keys=True)}"
 
 
 def example_seed(seed: int, example_id: str) -> int:
@@ -552,10 +561,11 @@ def _run_grid(
                     if (cell.key, ex.id) not in todo:
                         continue
                     progress.update(task, cell=f"{cell.label} · seed {cell.seed} · {ex.id}")
-                    if cell.label in broken:
-                        out = {"error": broken[cell.label]}
+                    key = runner_key(cell)
+                    if key in broken:
+                        out = {"error": broken[key]}
                     else:
-                        out = run_cell(runners[cell.label], ex, cell.seed, config.exec_timeout)
+                        out = run_cell(runners[key], ex, cell.seed, config.exec_timeout)
                     store.append({**base, "cell": cell.to_dict(), "example": ex.id, **out})
                     progress.advance(task)
 
