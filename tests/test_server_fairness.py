@@ -139,6 +139,10 @@ def test_heaviest_legal_requests_keep_a_normal_one_near_its_pace(models, kind):
 # --- finding 3: a flood of 2 MB prompts --------------------------------------------------------------
 
 FLOOD_CLIENTS = 40
+# A normal request beside the flood may take this many times its time alone. The failure this
+# guards against read 481x; a flood client sharing the server's only core (a run pinned to one
+# core, `taskset -c 0`) reads 3.9-4.8x with the fix in, by CPU sharing alone, and under 3x on two (CI).
+STALL_BOUND = 10.0
 
 
 def _rss_gb() -> float:
@@ -189,9 +193,9 @@ def test_a_flood_of_2_mb_prompts_does_not_stall_a_normal_request():
             ratios.append(max(beside) / statistics.median(alone))
             print(f"normal alone {statistics.median(alone):.3f}s, beside the flood (max of {len(beside)}) "
                   f"{max(beside):.3f}s: {ratios[-1]:.2f}x; RSS peak {peak:.2f} GB")  # fmt: skip
-            if ratios[-1] <= 3.0:
+            if ratios[-1] <= STALL_BOUND:
                 break
-        assert min(ratios) <= 3.0, ratios
+        assert min(ratios) <= STALL_BOUND, ratios
         deadline = time.monotonic() + 60
         while _rss_gb() > 2.0 and time.monotonic() < deadline:
             time.sleep(1)
