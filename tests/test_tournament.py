@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.records import ResultsStore
 from relaxspec.eval.results import Cell
 from relaxspec.eval.tournament import (
     TOP_P_AR,
@@ -18,7 +19,7 @@ from relaxspec.eval.tournament import (
     row_name,
     run_tournament,
     speedup_interval,
-    top_p_cells,
+    untruncated_ar_cells,
     verdict,
 )
 
@@ -136,6 +137,10 @@ def test_tiny_tournament_end_to_end(model_dirs, tmp_path):
         "fly entropy_threshold=0.5",
     }
     assert greedy == {"ar", *rules} and sampled == {"ar", TOP_P_AR, *rules}
+    # sampling: every row but the untruncated reference samples at the tournament's top-p
+    records = [r for r in ResultsStore(out / "T1").records if r.get("type") == "record"]
+    by_row = {row_name(Cell.from_dict(r["cell"])): r["cell"]["sampling"]["top_p"] for r in records}
+    assert by_row.pop("ar") == 1.0 and set(by_row.values()) == {config.top_p}
     for name in ("tournament.json", "tournament.md", "frontier.png"):
         assert (out / name).is_file()
     md = (out / "tournament.md").read_text()
@@ -252,8 +257,9 @@ def test_cells_differing_only_in_top_p_get_their_own_runner(monkeypatch):
 
     monkeypatch.setattr(bench, "make_runner", fake_runner)
     s = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}
-    cells = [Cell("ar", {}, "d", 0, s), *top_p_cells([Cell("ar", {}, "d", 0, s)], 0.9)]
+    top_p_ar = Cell("ar", {}, "d", 0, {**s, "top_p": 0.9})
+    cells = [top_p_ar, *untruncated_ar_cells([top_p_ar])]
     config = bench.BenchConfig(methods=["ar"], datasets=["d"])
     runners, broken = bench.warm_up(cells, None, {"d": [Example("e", "w1")]}, config)
     assert not broken and sorted(built) == [0.9, 1.0]
-    assert [runners[bench.runner_key(c)](None, 0)["text"] for c in cells] == ["1.0", "0.9"]
+    assert [runners[bench.runner_key(c)](None, 0)["text"] for c in cells] == ["0.9", "1.0"]

@@ -2,8 +2,11 @@
 
 One :func:`relaxspec.eval.bench.run_bench` grid per temperature — prompts outer, cells inner and
 rotated, as the bench measures — holding greedy / plain AR (``ar``), plain top-p AR sampling
-(``ar`` at ``top_p``, temperature > 0 only: at T = 0 it is greedy AR), exact SD (``sd``) and each
-relaxed rule over a grid of its parameter. From the records it derives, per (dataset,
+(``ar top-p``, temperature > 0 only: at T = 0 it is greedy AR), exact SD (``sd``) and each
+relaxed rule over a grid of its parameter. When sampling, every row but ``ar`` samples at the
+tournament's top-p, so exact SD is lossless against top-p AR (its baseline) and each relaxed rule
+relaxes the distribution a user would sample anyway; ``ar`` (untruncated) is the reference that
+shows what top-p itself buys. From the records it derives, per (dataset,
 temperature), each row's speed-up over AR with a paired bootstrap interval (prompts resampled;
 total tokens over total seconds in each resample), its quality with the bench's interval, its
 paired Δ quality against AR and against top-p AR, the Pareto set on (speed-up, quality), and a
@@ -104,6 +107,7 @@ def bench_config(config: TournamentConfig, temperature: float) -> BenchConfig:
         datasets=config.datasets,
         limit=config.limit,
         temperature=temperature,
+        top_p=config.top_p if temperature > 0 else 1.0,
         seeds=config.seeds,
         max_new_tokens=config.max_new_tokens,
         sets=[*sets, f"k={config.k}"],
@@ -115,12 +119,12 @@ def bench_config(config: TournamentConfig, temperature: float) -> BenchConfig:
     )
 
 
-def top_p_cells(cells: Sequence[Cell], top_p: float) -> list[Cell]:
-    """Plain top-p AR beside every sampling ``ar`` cell (same dataset and seed)."""
+def untruncated_ar_cells(cells: Sequence[Cell]) -> list[Cell]:
+    """Plain AR without top-p beside every sampling top-p ``ar`` cell (same dataset and seed)."""
     return [
-        Cell("ar", {}, c.dataset, c.seed, {**c.sampling, "top_p": top_p})
+        Cell("ar", {}, c.dataset, c.seed, {**c.sampling, "top_p": 1.0})
         for c in cells
-        if c.method == "ar" and c.sampling["temperature"] > 0 and top_p < 1.0
+        if c.method == "ar" and c.sampling["temperature"] > 0 and c.sampling["top_p"] < 1.0
     ]
 
 
@@ -133,7 +137,7 @@ def run_tournament(config: TournamentConfig) -> dict[str, Any]:
         plan(bench)  # every grid validated before the first model loads
     results = []
     for bench in benches:
-        run_bench(bench, extra_cells=top_p_cells(plan(bench), config.top_p))
+        run_bench(bench, extra_cells=untruncated_ar_cells(plan(bench)))
         results += analyse(ResultsStore(bench.out).records)
     return write_tournament(Path(config.out), results, config)
 
