@@ -95,6 +95,17 @@ def test_analysis_of_records_pairs_with_ar_and_top_p_ar():
     assert relaxed["vs_ar"]["high"] < 0 and group["verdict"]["fails_at"] == {
         "threshold": "threshold single=0.3"
     }
+    assert group["verdict"]["baseline"] == TOP_P_AR  # sampling: judged against top-p AR
+
+
+def test_verdict_judges_against_the_baseline_it_is_given():
+    """When sampling, a rule as good as untruncated AR but below top-p AR has a measurable loss."""
+    ok, loss = {"delta": 0.0, "low": -0.05, "high": 0.05}, {"delta": -0.2, "low": -0.3, "high": -0.1}
+    row = {"name": "nsd theta=0.8", "method": "nsd", "speedup": {"estimate": 1.5},
+           "quality": {"estimate": 0.5}, "vs_ar": ok, "vs_top_p_ar": loss}  # fmt: skip
+    assert verdict([row])["best"] == "nsd theta=0.8"
+    v = verdict([row], "vs_top_p_ar")
+    assert v["best"] is None and v["fails_at"] == {"nsd": "nsd theta=0.8"} and v["baseline"] == TOP_P_AR
 
 
 def test_bad_input():
