@@ -557,6 +557,7 @@ def test_cancel_takes_effect_within_one_forward_not_one_cycle(models, monkeypatc
 # --- the command line: `serve --api-key/--max-body-bytes`, `loadtest --api-key` --------------------------
 
 
+@pytest.mark.slow  # spawns a relaxspec server
 def test_serve_and_loadtest_api_key(model_dirs, models, tmp_path):
     """A spawned `relaxspec serve` gets the key in its environment (RELAXSPEC_API_KEY) and requires
     it; `relaxspec loadtest --api-key` sends it; the JSON report never contains it."""

@@ -91,6 +91,7 @@ def test_server_validates_vllm_xargs_with_400_and_keeps_serving(server):
         assert out.usage.completion_tokens > 0
 
 
+@pytest.mark.slow  # spawns vLLM servers or workers
 def test_chat_completions_use_our_chat_template(server):
     """vLLM's /v1/chat/completions renders the bundled tokenizer's chat template, the same prompt
     our own server builds: greedy chat = greedy completion of that prompt (it used to be a 400,

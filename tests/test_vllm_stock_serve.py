@@ -111,6 +111,7 @@ def acceptance(base: str, client: openai.OpenAI, xargs: dict | None) -> tuple[fl
     return (a1 - a0) / (d1 - d0), texts
 
 
+@pytest.mark.slow  # spawns vLLM's own server
 def test_rules_per_request_and_per_server_on_vllms_own_server(url):
     with server_log_on_failure(url):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
@@ -144,6 +145,7 @@ def test_rules_per_request_and_per_server_on_vllms_own_server(url):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
 
 
+@pytest.mark.slow  # a subprocess imports vLLM
 def test_bad_server_default_rule_fails_when_vllm_loads_the_plugin():
     env = {**os.environ, "RELAXSPEC_VLLM_RULE": '{"rule": "nsd", "theta": 7}'}
     env.pop("VLLM_PLUGINS", None)
