@@ -104,7 +104,7 @@ def test_verdict_judges_against_the_baseline_it_is_given():
     row = {"name": "nsd theta=0.8", "method": "nsd", "speedup": {"estimate": 1.5},
            "quality": {"estimate": 0.5}, "vs_ar": ok, "vs_top_p_ar": loss}  # fmt: skip
     assert verdict([row])["best"] == "nsd theta=0.8"
-    v = verdict([row], "vs_top_p_ar")
+    v = verdict([row], (TOP_P_AR, "vs_top_p_ar"))
     assert v["best"] is None and v["fails_at"] == {"nsd": "nsd theta=0.8"} and v["baseline"] == TOP_P_AR
 
 
@@ -273,4 +273,4 @@ def test_cells_differing_only_in_top_p_get_their_own_runner(monkeypatch):
     config = bench.BenchConfig(methods=["ar"], datasets=["d"])
     runners, broken = bench.warm_up(cells, None, {"d": [Example("e", "w1")]}, config)
     assert not broken and sorted(built) == [0.9, 1.0]
-    assert [runners[bench.runner_key(c)](None, 0)["text"] for c in cells] == ["0.9", "1.0"]
+    assert [runners[c.runner_key](None, 0)["text"] for c in cells] == ["0.9", "1.0"]

@@ -133,12 +133,7 @@ def tournament_cmd(
     limit: Annotated[int, typer.Option(help="prompts per dataset")] = 20,
     seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0",
     k: Annotated[int, typer.Option(help="draft length of every speculative row")] = 4,
-    top_p: Annotated[
-        float,
-        typer.Option(
-            help="top-p of every sampling row but plain AR, the top-p AR baseline among them (T > 0)"
-        ),
-    ] = 0.95,
+    top_p: Annotated[float, typer.Option(help="top-p of every sampling row but plain AR (T > 0)")] = 0.95,
     max_new_tokens: int = 128,
     target: TargetOpt = None,
     draft: DraftOpt = None,

@@ -407,14 +407,14 @@ def warm_up(
     pool: vllm_runners.EnginePool | None = None,
 ) -> tuple[dict[str, Runner], dict[str, str]]:
     """Build and warm up one runner per (method, params, sampling): (runners, errors) keyed by
-    :func:`runner_key`.
+    ``Cell.runner_key``.
 
     A runner that cannot be built or fails its warm-up generation is an error of its cells only.
     """
     runners: dict[str, Runner] = {}
     broken: dict[str, str] = {}
     for cell in cells:
-        key = runner_key(cell)
+        key = cell.runner_key
         if key in runners or key in broken:
             continue
         try:
@@ -424,13 +424,6 @@ def warm_up(
         except Exception as err:  # recorded in the cell, the grid goes on
             broken[key] = _error(err)
     return runners, broken
-
-
-def runner_key(cell: Cell) -> str:
-    """What a runner is built from: the cell's label and its sampling (a runner holds its sampling
-    parameters, so two cells that differ only in top-p, as the tournament's AR and top-p AR, need
-    two runners)."""
-    return f"{cell.label} {json.dumps(cell.sampling, sort_keys=True)}"
 
 
 def example_seed(seed: int, example_id: str) -> int:
@@ -561,7 +554,7 @@ def _run_grid(
                     if (cell.key, ex.id) not in todo:
                         continue
                     progress.update(task, cell=f"{cell.label} · seed {cell.seed} · {ex.id}")
-                    key = runner_key(cell)
+                    key = cell.runner_key
                     if key in broken:
                         out = {"error": broken[key]}
                     else:

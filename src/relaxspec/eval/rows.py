@@ -41,6 +41,12 @@ class Cell:
     def label(self) -> str:
         return label(self.method, self.params)
 
+    @property
+    def runner_key(self) -> str:
+        """What the cell's runner is built from: method, parameters and sampling (a runner holds its
+        sampling, so cells differing only in top-p, as AR and top-p AR, need two runners)."""
+        return json.dumps([self.method, self.params, self.sampling], sort_keys=True)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
@@ -56,7 +62,7 @@ class Cell:
 
 
 def label(method: str, params: dict[str, Any]) -> str:
-    """Every parameter: ``nsd k=8 theta=0.9`` (identifies a runner)."""
+    """Every parameter: ``nsd k=8 theta=0.9`` (a row's name; its runner is ``Cell.runner_key``)."""
     return " ".join([method, *(f"{k}={v}" for k, v in sorted(params.items()))])
 
 

@@ -253,7 +253,7 @@ def _group(dataset: str, temperature: float, entries: list[dict[str, Any]]) -> d
     for row in rows:
         row["pareto"] = row["name"] in pareto
     group = {"dataset": dataset, "temperature": temperature, "rows": rows}
-    return {**group, "verdict": verdict(rows, baseline_of(group)[1])}
+    return {**group, "verdict": verdict(rows, baseline_of(group))}
 
 
 def tau(calls: dict[str, tuple[int, int]]) -> float | None:
@@ -285,9 +285,10 @@ def measurable_loss(row: dict[str, Any], delta_key: str = "vs_ar") -> bool:
     return bool(vs) and vs["high"] < 0
 
 
-def verdict(rows: Sequence[dict[str, Any]], delta_key: str = "vs_ar") -> dict[str, Any]:
-    """The fastest relaxed rule with no measurable loss against the baseline (``delta_key``: AR
-    greedy, top-p AR when sampling), and where each rule's loss shows."""
+def verdict(rows: Sequence[dict[str, Any]], baseline: tuple[str, str] = ("ar", "vs_ar")) -> dict[str, Any]:
+    """The fastest relaxed rule with no measurable loss against the baseline (its row name and Δ
+    key, :func:`baseline_of`: AR greedy, top-p AR when sampling), and where each rule's loss shows."""
+    name, delta_key = baseline
     relaxed = [r for r in rows if r["method"] in RULE_GRID and _point(r) is not None]
     safe = [r for r in relaxed if r[delta_key] is not None and not measurable_loss(r, delta_key)]
     best = max(safe, key=lambda r: r["speedup"]["estimate"], default=None)
@@ -295,8 +296,7 @@ def verdict(rows: Sequence[dict[str, Any]], delta_key: str = "vs_ar") -> dict[st
     for method in dict.fromkeys(r["method"] for r in relaxed):
         losing = [r["name"] for r in relaxed if r["method"] == method and measurable_loss(r, delta_key)]
         fails[method] = losing[0] if losing else None
-    baseline = TOP_P_AR if delta_key == "vs_top_p_ar" else "ar"
-    return {"best": best["name"] if best else None, "fails_at": fails, "baseline": baseline}
+    return {"best": best["name"] if best else None, "fails_at": fails, "baseline": name}
 
 
 # The quality a relaxed rule may cost against its lossless baseline and still "pay" (issue 29).
