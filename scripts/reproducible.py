@@ -40,6 +40,7 @@ def parse(argv: list[str] | None) -> tuple[list[ReproConfig], Path]:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--theta", type=float, default=0.8, help="nsd's θ")
     ap.add_argument("--k-schedule", default=ReproConfig.k_schedule, help="--engine vllm's schedule of K")
+    ap.add_argument("--vllm-dtype", default=None, help="vLLM servers: --dtype (e.g. float32)")
     ap.add_argument("--startup-timeout", type=float, default=900.0, help="seconds per server start")
     ap.add_argument("--out", type=Path, default=Path("results/reproducible.json"))
     ns = ap.parse_args(argv)

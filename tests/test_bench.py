@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 import torch
@@ -456,3 +457,19 @@ def test_the_table_ends_in_a_plain_summary():
     assert lines[0].startswith("math, greedy, 20 prompts: fastest is nsd k=4 at 1.70× AR's speed [1.50–1.90]")
     assert "quality 0.850 exact_match" in lines[0] and "(AR: 0.900 exact_match)" in lines[0]
     assert plain_summary([rows[0]]) == []  # nothing beside AR: nothing to say
+
+
+def test_our_cells_wait_out_vllms_idle_polling():
+    from relaxspec.eval.bench import VLLM_POLL_SECONDS, is_vllm_cell, settle_after_vllm
+
+    slept: list[float] = []
+    now = time.monotonic()
+    settle_after_vllm(now, vllm_next=False, sleep=slept.append)  # ours right after vLLM: wait
+    assert len(slept) == 1 and 0 < slept[0] <= VLLM_POLL_SECONDS
+    settle_after_vllm(now, vllm_next=True, sleep=slept.append)  # vLLM after vLLM: no wait
+    settle_after_vllm(None, vllm_next=False, sleep=slept.append)  # ours after ours: no wait
+    settle_after_vllm(now - 2 * VLLM_POLL_SECONDS, vllm_next=False, sleep=slept.append)  # already idle
+    assert len(slept) == 1
+    assert is_vllm_cell(Cell("vllm-ar", {}, "math", 0, {}))
+    assert is_vllm_cell(Cell("nsd", {}, "math", 0, {"engine": "vllm"}))
+    assert not is_vllm_cell(Cell("nsd", {}, "math", 0, {}))

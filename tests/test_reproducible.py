@@ -238,6 +238,7 @@ def test_repro_summary_counts_distinct_outputs_and_failures():
         ({"concurrency": 1}, "--concurrency must be an integer >= 2"),
         ({"temperature": 0.0}, r"--temperature must be in \(0, 10\]"),
         ({"engine": "vllm", "k": 2}, "--k-schedule asks for more than --k = 2"),
+        ({"vllm_dtype": "fp8"}, "--vllm-dtype must be one of"),
     ],
 )
 def test_repro_settings_are_validated(change, message):

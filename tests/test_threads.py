@@ -7,16 +7,22 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+import relaxspec
+from relaxspec.engine import threads as threads_mod
 from relaxspec.engine.threads import (
     ENV_THREADS,
+    ThreadGovernor,
     busy_cpus,
     cgroup_cpu_limit,
+    configure_threads,
     cpu_times,
     default_threads,
+    others_cpus,
     parse_threads,
     resolve_threads,
 )
@@ -159,14 +165,124 @@ def test_bad_neighbour_count(n):
         pass
 
 
-def test_wait_policy_is_passive_when_relaxspec_loads_first():
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    code = "import os, relaxspec, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "PASSIVE"
-    env["OMP_WAIT_POLICY"] = "ACTIVE"  # the user's choice stands
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "ACTIVE"
+def test_a_bounded_spin_when_relaxspec_loads_first():
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    code = "import os, relaxspec, torch; print(*map(os.environ.get, ['GOMP_SPINCOUNT', 'OMP_WAIT_POLICY']))"
+
+    def run() -> str:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        return out.stdout
+
+    assert run().split() == [relaxspec.SPIN_COUNT, "None"]
+    env["OMP_WAIT_POLICY"] = "PASSIVE"  # the user's choice stands, and no spin count is added
+    assert run().split() == ["None", "PASSIVE"]
+    del env["OMP_WAIT_POLICY"]
+    env["GOMP_SPINCOUNT"] = "7"
+    assert run().split() == ["7", "None"]
+
+
+class FakeMachine:
+    """A clock, /proc/stat and this process's CPU time a test moves by hand (USER_HZ 100)."""
+
+    def __init__(self, cpus: int = 2) -> None:
+        self.now, self.own = 0.0, 0.0
+        self.stat = {c: (0, 0) for c in range(cpus)}
+        self.set_calls: list[int] = []
+
+    def advance(self, seconds: float, busy: dict[int, float], own: float) -> None:
+        """``seconds`` pass; CPU c is busy ``busy[c]`` of them (all processes); ours used ``own``."""
+        self.now += seconds
+        self.own += own
+        for c, (b, t) in self.stat.items():
+            self.stat[c] = (b + round(100 * seconds * busy.get(c, 0.0)), t + round(100 * seconds))
+
+    def governor(self, limit: int = 2) -> ThreadGovernor:
+        gov = ThreadGovernor(
+            set(self.stat),
+            limit,
+            clock=lambda: self.now,
+            read_stat=lambda: dict(self.stat),
+            own_time=lambda: self.own,
+            set_threads=self.set_calls.append,
+        )
+        gov._ticks = 100.0
+        return gov
+
+
+def test_others_cpus_subtracts_this_process():
+    before = {0: (0, 100), 1: (0, 100)}
+    after = {0: (100, 200), 1: (60, 200)}  # 1.6 CPUs busy over one second
+    assert others_cpus(before, after, {0, 1}, own_seconds=1.0, clock_ticks=100) == pytest.approx(0.6)
+    assert others_cpus(before, after, {0, 1}, own_seconds=2.0, clock_ticks=100) == 0.0  # never < 0
+    assert others_cpus(before, before, {0, 1}, 0.0, 100) == 0.0  # no time passed
+
+
+def test_governor_follows_a_neighbour_that_comes_and_goes():
+    m = FakeMachine()
+    gov = m.governor()
+    assert gov.tick() == 2 and m.set_calls == [2]  # applied once in this thread
+    m.advance(0.5, {0: 1.0, 1: 1.0}, own=1.0)
+    assert gov.tick() == 2 and m.set_calls == [2]  # not due yet, nothing re-applied
+    m.advance(0.5, {0: 1.0, 1: 1.0}, own=1.0)  # we used both CPUs ourselves: nobody else
+    assert gov.tick() == 2
+    m.advance(1.0, {0: 1.0, 1: 1.0}, own=1.5)  # a neighbour took half of CPU 1
+    assert gov.tick() == 1 and m.set_calls == [2, 1]
+    m.advance(1.0, {0: 1.0, 1: 1.0}, own=1.0)  # it keeps its CPU while we use one
+    assert gov.tick() == 1
+    m.advance(1.0, {0: 1.0, 1: 0.05}, own=1.0)  # it left
+    assert gov.tick() == 2 and m.set_calls == [2, 1, 2]
+    m.advance(1.0, {0: 1.0, 1: 1.0}, own=0.1)  # two neighbours: still at least one thread
+    assert gov.tick() == 1
+
+
+def test_governor_measures_only_while_the_engine_runs():
+    m = FakeMachine()
+    gov = m.governor()
+    for _ in range(4):  # running alone on both CPUs, ticking every 0.5 s
+        m.advance(0.5, {0: 1.0, 1: 1.0}, own=1.0)
+        assert gov.tick() == 2
+    m.advance(3.0, {0: 1.0, 1: 0.5}, own=0.0)  # no forwards for 3 s while others ran (a vLLM peer)
+    assert gov.tick() == 2  # that window is dropped, a new one starts
+    m.advance(0.5, {0: 1.0, 1: 1.0}, own=1.0)
+    assert gov.tick() == 2
+    m.advance(0.5, {0: 1.0, 1: 1.0}, own=1.0)
+    assert gov.tick() == 2 and m.set_calls == [2]  # others took nothing while we ran
+
+
+def test_governor_applies_the_count_in_every_thread_that_runs_forwards():
+    m = FakeMachine()
+    gov = m.governor()
+    gov.tick()
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(gov.tick()))
+    worker.start()
+    worker.join()
+    assert seen == [2] and m.set_calls == [2, 2]  # torch's OpenMP count is per thread
+
+
+def test_governor_without_proc_stat_keeps_its_count():
+    gov = ThreadGovernor({0, 1}, 2, clock=lambda: 5.0, read_stat=dict, set_threads=lambda n: None)
+    assert gov.tick() == 2
+
+
+@pytest.fixture
+def keep_torch_threads():
+    import torch
+
+    before, governor = torch.get_num_threads(), threads_mod._GOVERNOR
+    yield
+    torch.set_num_threads(before)
+    threads_mod._GOVERNOR = governor
+
+
+def test_a_count_the_user_chose_is_not_followed(monkeypatch, keep_torch_threads):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv(ENV_THREADS, raising=False)
+    configure_threads(1)
+    assert threads_mod._GOVERNOR is None
+    monkeypatch.setenv(ENV_THREADS, "1")
+    configure_threads()
+    assert threads_mod._GOVERNOR is None
 
 
 def _cmdline(pid: int) -> str:

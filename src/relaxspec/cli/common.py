@@ -102,7 +102,7 @@ ThreadsOpt = Annotated[
     int | None,
     typer.Option(
         help="our engine's torch threads (default: the CPUs this process can really use: affinity, "
-        "cgroup quota, minus CPUs other processes keep busy; env RELAXSPEC_THREADS)"
+        "cgroup quota, minus CPUs other processes keep busy, followed while it runs; env RELAXSPEC_THREADS)"
     ),
 ]
 

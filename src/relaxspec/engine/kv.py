@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicLayer
 
 from relaxspec.core.sampling import check_finite
 from relaxspec.engine.packed import packed_forward
+from relaxspec.engine.threads import follow_cpus
 from relaxspec.errors import RelaxSpecError
 
 # Buffers start this long (or at the context length, if shorter) and double when full: a few
@@ -279,6 +280,7 @@ def model_logits(
     normed hidden states of all T positions, ``[B, T, H]`` (the LM head's inputs; what an EAGLE
     head drafts from): the same forward, split into decoder and LM head.
     """
+    follow_cpus()  # the thread count follows the CPUs other processes leave us (engine/threads.py)
     device = model.device
     inputs = {name: x.to(device) for name, x in inputs.items()}
     observer = _FORWARD_OBSERVERS.get(id(model))

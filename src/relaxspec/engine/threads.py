@@ -10,17 +10,21 @@ every few milliseconds, so a tiny-model decode step (hundreds of small regions) 
 CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``), and leaves out CPUs
 that other processes keep busy at the moment it looks (``/proc/stat`` over a short interval).
 :func:`resolve_threads` lets a user override it (``--threads``, ``RELAXSPEC_THREADS``, or
-``OMP_NUM_THREADS``, which torch reads itself). The OpenMP wait policy (threads sleep instead of
-spinning at barriers) is set in ``relaxspec/__init__.py``: it must be in the environment before
-torch loads its OpenMP runtime.
+``OMP_NUM_THREADS``, which torch reads itself). Where the count was chosen here,
+:class:`ThreadGovernor` keeps following it while the engine runs: every second (at the next
+forward) it measures how much CPU other processes took on this process's CPUs and sets torch's
+threads to what is left, so a neighbour that starts later costs a share of the CPU, not a collapse.
+The OpenMP wait policy (a short spin, then sleep, at barriers) is set in ``relaxspec/__init__.py``:
+it must be in the environment before torch loads its OpenMP runtime.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from relaxspec.errors import RelaxSpecError
@@ -31,6 +35,11 @@ MAX_THREADS = 1024
 # (this process is idle while it samples).
 BUSY_FRACTION = 0.5
 SAMPLE_SECONDS = 0.2
+# While the engine runs: how often the governor looks, and how much of a CPU other processes must
+# take (summed over this process's CPUs) before it counts as taken. Lower than BUSY_FRACTION: a
+# neighbour sharing a CPU with one of our threads gets only part of it while we still use it.
+FOLLOW_SECONDS = 1.0
+TAKEN_SHARE = 0.4
 
 
 def affinity_cpus() -> set[int]:
@@ -174,11 +183,124 @@ def resolve_threads(
     return default_threads(cpus, cgroup_cpu_limit(), taken)
 
 
-def configure_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op thread count from :func:`resolve_threads`; returns the count in use."""
+def others_cpus(
+    before: Mapping[int, tuple[int, int]],
+    after: Mapping[int, tuple[int, int]],
+    cpus: set[int],
+    own_seconds: float,
+    clock_ticks: float,
+) -> float:
+    """CPUs' worth of time other processes used on ``cpus`` between two ``/proc/stat`` samples:
+    (busy jiffies on ``cpus`` / ``clock_ticks``) minus this process's own CPU seconds, over the
+    interval's length (the per-CPU total jiffies' mean). 0 when nothing elapsed."""
+    shared = cpus & before.keys() & after.keys()
+    busy = sum(after[c][0] - before[c][0] for c in shared)
+    total = sum(after[c][1] - before[c][1] for c in shared)
+    if not shared or total <= 0:
+        return 0.0
+    interval = total / len(shared) / clock_ticks  # seconds
+    return max(0.0, busy / clock_ticks - own_seconds) / interval
+
+
+class ThreadGovernor:
+    """Keeps torch's thread count at the CPUs other processes leave this one, while it runs.
+
+    :meth:`tick` is called before every forward (:func:`relaxspec.engine.kv.model_logits`); at
+    most every ``interval`` seconds of running it samples ``/proc/stat`` and this process's CPU time, and
+    sets ``threads = max(1, limit - ⌊others + 1 - TAKEN_SHARE⌋)`` (``limit``: the affinity mask
+    capped at the cgroup quota; ``others``: :func:`others_cpus`). torch's OpenMP thread count is
+    per calling thread, so each thread that runs forwards applies the current count itself.
+    """
+
+    def __init__(
+        self,
+        cpus: set[int],
+        limit: int,
+        interval: float = FOLLOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        read_stat: Callable[[], dict[int, tuple[int, int]]] = cpu_times,
+        own_time: Callable[[], float] = time.process_time,
+        set_threads: Callable[[int], None] | None = None,
+    ) -> None:
+        self.cpus, self.limit, self.interval = cpus, max(1, limit), interval
+        self._clock, self._read_stat, self._own_time = clock, read_stat, own_time
+        self._set_threads = set_threads or _torch_set_threads
+        self._ticks = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.threads = self.limit
+        self._sample = (self._read_stat(), self._own_time())
+        self._last_tick = self._clock()
+        self._next = self._last_tick + self.interval
+
+    def tick(self) -> int:
+        """Re-measure if ``interval`` has passed; apply the count in this thread. Returns it.
+
+        A window that held a gap longer than ``interval`` without forwards is dropped and a new
+        one starts: the count follows what others take while this process runs, not while it
+        waits (between requests, or while a bench times another engine).
+        """
+        now = self._clock()
+        idle, self._last_tick = now - self._last_tick > self.interval, now
+        if (idle or now >= self._next) and self._lock.acquire(blocking=False):
+            try:
+                if idle:
+                    self._sample, self._next = (self._read_stat(), self._own_time()), now + self.interval
+                else:
+                    self._measure()
+            finally:
+                self._lock.release()
+        if getattr(self._local, "applied", None) != self.threads:
+            self._set_threads(self.threads)
+            self._local.applied = self.threads
+        return self.threads
+
+    def _measure(self) -> None:
+        stat, own = self._read_stat(), self._own_time()
+        old_stat, old_own = self._sample
+        self._sample, self._next = (stat, own), self._clock() + self.interval
+        if not stat:  # no /proc/stat: nothing to follow
+            return
+        others = others_cpus(old_stat, stat, self.cpus, own - old_own, self._ticks)
+        taken = math.floor(others + 1 - TAKEN_SHARE)
+        self.threads = max(1, min(self.limit, len(self.cpus) - taken))
+
+
+def _torch_set_threads(n: int) -> None:
     import torch
 
+    torch.set_num_threads(n)
+
+
+_GOVERNOR: ThreadGovernor | None = None
+
+
+def follow_cpus() -> None:
+    """Before a forward: let the governor (if :func:`configure_threads` started one) adjust."""
+    if _GOVERNOR is not None:
+        _GOVERNOR.tick()
+
+
+def configure_threads(threads: int | None = None, follow: bool = True) -> int:
+    """Set torch's intra-op thread count from :func:`resolve_threads`; returns the count in use.
+
+    When the count was chosen here (no ``--threads``, ``RELAXSPEC_THREADS`` or
+    ``OMP_NUM_THREADS``) and ``follow``, a :class:`ThreadGovernor` keeps following the CPUs
+    other processes take while the engine runs; a count the user chose is left alone.
+    """
+    import torch
+
+    global _GOVERNOR
     n = resolve_threads(threads)
     if n is not None:
         torch.set_num_threads(n)
+    chosen_here = threads is None and not any(
+        os.environ.get(var, "").strip() for var in (ENV_THREADS, "OMP_NUM_THREADS")
+    )
+    _GOVERNOR = None
+    if follow and chosen_here and n is not None:
+        cpus, quota = affinity_cpus(), cgroup_cpu_limit()
+        if len(cpus) > 1 and (quota is None or quota >= 2):
+            _GOVERNOR = ThreadGovernor(cpus, default_threads(cpus, quota))
+            _GOVERNOR.threads = n  # what the start-up sample chose
     return torch.get_num_threads()

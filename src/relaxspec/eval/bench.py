@@ -26,7 +26,8 @@ import hashlib
 import itertools
 import json
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -507,7 +508,7 @@ def run_bench(config: BenchConfig, extra_cells: Sequence[Cell] = ()) -> dict[str
         if config.temperature > 0 and ex.id not in refs.get((d, config.max_new_tokens), {})
     }
     pool = None
-    if any(c.sampling.get("engine") == "vllm" or vllm_runners.is_peer(c.method) for c in cells):
+    if any(is_vllm_cell(c) for c in cells):
         pool = vllm_runners.EnginePool(target=paths.get("target"), draft=paths.get("draft"))
     try:
         rows = _run_grid(config, cells, examples, store, models, session, pending, need_ref, pool)
@@ -536,6 +537,7 @@ def _run_grid(
     ref_cell = Cell("ar", {}, "", 0, {**cells[0].sampling, "temperature": 0.0})
     reference = make_runner(ref_cell, models, False, pool)
     todo = {(c.key, ex.id) for c, ex in pending}
+    last_vllm: float | None = None  # when the last vLLM cell ended (None: the last was ours)
     base = {"type": "record", "session": session, "tokens": [], "seconds": 0.0, "stats": None}
 
     with _progress(config.progress) as progress:
@@ -558,13 +560,37 @@ def _run_grid(
                     if key in broken:
                         out = {"error": broken[key]}
                     else:
+                        settle_after_vllm(last_vllm, is_vllm_cell(cell))
                         out = run_cell(runners[key], ex, cell.seed, config.exec_timeout)
+                        last_vllm = time.monotonic() if is_vllm_cell(cell) else None
                     store.append({**base, "cell": cell.to_dict(), "example": ex.id, **out})
                     progress.advance(task)
 
     rows = build_rows(store.records, [c.key for c in cells], baseline=config.baseline)
     write_outputs(store.out, rows, store.manifest)
     return rows
+
+
+# vLLM's workers keep polling their shared-memory queue for 1 s after their last read
+# (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition.busy_loop_s): a row of
+# ours started at once would share the CPU with ~1.5 cores of vLLM's polling.
+VLLM_POLL_SECONDS = 1.2
+
+
+def is_vllm_cell(cell: Cell) -> bool:
+    """A cell that runs in vLLM (a stock peer, or a method on ``--engine vllm``)."""
+    return cell.sampling.get("engine") == "vllm" or vllm_runners.is_peer(cell.method)
+
+
+def settle_after_vllm(
+    last_vllm: float | None, vllm_next: bool, sleep: Callable[[float], None] = time.sleep
+) -> None:
+    """Before one of our cells, wait out the rest of vLLM's idle polling (:data:`VLLM_POLL_SECONDS`
+    after its last cell ended), so each engine is timed on CPUs the other leaves idle."""
+    if last_vllm is not None and not vllm_next:
+        wait = last_vllm + VLLM_POLL_SECONDS - time.monotonic()
+        if wait > 0:
+            sleep(wait)
 
 
 def _title(config: BenchConfig) -> str:

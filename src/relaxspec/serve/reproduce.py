@@ -31,6 +31,7 @@ from relaxspec.serve.loadtest import LoadtestConfig, Prompt, SpawnedServer, load
 ENGINES = ("relaxspec", "vllm")
 METHODS = ("ar", "sd", "nsd")
 REGIMES = ("greedy", "seeded")
+VLLM_DTYPES = ("auto", "bfloat16", "float16", "float32")
 SERVED_NAME = "relaxspec"  # both servers' default model id
 
 
@@ -52,6 +53,7 @@ class ReproConfig:
     theta: float = 0.8
     k_schedule: str = "1-2:4,3-8:2,9-1024:0"  # vLLM only: K = 4 for 1-2 running requests, 2 to 8
     max_model_len: int = 512  # vLLM only
+    vllm_dtype: str | None = None  # vLLM only: its --dtype (e.g. float32); None: the model's (bf16)
     startup_timeout: float = 900.0
     timeout: float = 600.0
 
@@ -74,6 +76,8 @@ def validate(config: ReproConfig) -> None:
         raise RelaxSpecError(
             f"--methods takes distinct names among {', '.join(METHODS)}, got {bad or config.methods}"
         )
+    if config.vllm_dtype not in (None, *VLLM_DTYPES):
+        raise RelaxSpecError(f"--vllm-dtype must be one of {', '.join(VLLM_DTYPES)}, got {config.vllm_dtype}")
     check_int("--prompts", config.prompts, 2)
     if config.prompts % 2:
         raise RelaxSpecError(f"--prompts must be even (half greedy, half seeded), got {config.prompts}")
@@ -138,6 +142,7 @@ def spawn_servers(config: ReproConfig, stack: ExitStack, log_dir: Path | None = 
         kinds = {kind: methods for kind, methods in kinds.items() if methods}
         method_args = {"nsd": [*spec_args, "--k-schedule", config.k_schedule]}
         common = ["--max-model-len", str(config.max_model_len)]
+        common += ["--dtype", config.vllm_dtype] if config.vllm_dtype else []
     loadtest = LoadtestConfig(
         concurrency=[config.concurrency], spawn_args=common, method_args=method_args, engine=config.engine
     )
