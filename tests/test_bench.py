@@ -15,8 +15,9 @@ from relaxspec.engine import CycleRecord, GenerationStats
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import diagnostics
-from relaxspec.eval.bench import BenchConfig, expand_grid, parse_sets, plan, run_bench
+from relaxspec.eval.bench import BenchConfig, plan, run_bench
 from relaxspec.eval.datasets import file_examples, load_examples, math_examples
+from relaxspec.eval.grid import expand_grid, parse_sets
 from relaxspec.eval.results import RECORDS, Cell, build_rows, load_records, speedup, throughput
 
 SAMPLING = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8}

@@ -14,7 +14,7 @@ from relaxspec import cli
 from relaxspec.acceptance import FLy, Threshold, TopKDelta
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.errors import RelaxSpecError
-from relaxspec.eval.bench import expand_grid, parse_sets
+from relaxspec.eval.grid import expand_grid, parse_sets
 from relaxspec.methods import ModelSet, build_engine, resolve_params
 from relaxspec.models import load_model
 from relaxspec.params import DEFAULT_K

@@ -159,7 +159,7 @@ def resolve(owner: str, params: Mapping[str, Param], given: Mapping[str, Any]) -
     return Params({name: p.check(given.get(name, p.default)) for name, p in params.items()})
 
 
-# --- The parameters several presets share (methods.py composes them, with its own defaults where
+# --- The parameters several presets share (methods/ composes them, with its own defaults where
 # they differ; the CLI's method flags are these). Pure data: importing this module stays cheap. ---
 
 # Upper bounds of the method parameters (docs/design.md §7). They bound the work of one decoding

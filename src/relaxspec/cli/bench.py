@@ -83,14 +83,8 @@ def bench_cmd(
     With --engine vllm the methods run inside vLLM with the plugin and the default peers are stock
     vLLM (vllm-ar, vllm-sd).
     """
-    from relaxspec.eval.bench import (
-        BenchConfig,
-        parse_models,
-        parse_peers,
-        parse_seeds,
-        run_bench,
-        split_list,
-    )
+    from relaxspec.eval.bench import BenchConfig, run_bench
+    from relaxspec.eval.grid import parse_models, parse_peers, parse_seeds, split_list
 
     config = BenchConfig(
         methods=split_list(methods),
@@ -149,7 +143,7 @@ def tournament_cmd(
     """Every relaxed rule over a grid of its parameter beside greedy AR, top-p AR and exact SD on
     the same models, prompts and seeds: table, speed–quality frontier plot, JSON and a verdict per
     dataset and temperature (docs/relaxed-rules.md)."""
-    from relaxspec.eval.bench import parse_models, parse_seeds, split_list
+    from relaxspec.eval.grid import parse_models, parse_seeds, split_list
     from relaxspec.eval.tournament import TournamentConfig, parse_grid, run_tournament
 
     try:

@@ -26,7 +26,8 @@ from typing import Any
 
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import intervals
-from relaxspec.eval.bench import BenchConfig, parse_sets, run_bench
+from relaxspec.eval.bench import BenchConfig, run_bench
+from relaxspec.eval.grid import parse_sets
 from relaxspec.eval.peers import PEERS, is_peer, resolve_runner, runner_needs, runner_params
 from relaxspec.eval.records import load_records
 from relaxspec.eval.rows import Row, Timings, build_rows, cell_timings, speed_between

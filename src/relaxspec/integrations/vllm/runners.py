@@ -40,7 +40,7 @@ from relaxspec.models import model_dir
 from relaxspec.params import K, Param, Params, check_names, declare, defaults
 from relaxspec.params import resolve as resolve_params
 
-# Our methods that run inside vLLM: every preset that declares a vLLM row (methods.py), in order.
+# Our methods that run inside vLLM: every preset that declares a vLLM row (methods/), in order.
 VLLM_METHODS = tuple(name for name, spec in METHODS.items() if spec.vllm is not None)
 PROPOSER_METHODS = tuple(n for n in VLLM_METHODS if METHODS[n].vllm.proposer in ("block", "diffusion"))
 # rules with vLLM's draft-model proposer (or a MARS-drafted one, proposer=block)
@@ -81,7 +81,7 @@ def is_peer(name: str) -> bool:
 
 def row_params(name: str) -> tuple[Mapping[str, Param], Mapping[str, Param]]:
     """A vLLM row's (parameters with defaults, options present only when given): a method's are its
-    preset's less the row's ``drops``, and the row's ``extras`` (methods.py :class:`VllmRow`)."""
+    preset's less the row's ``drops``, and the row's ``extras`` (methods/registry.py :class:`VllmRow`)."""
     if is_peer(name):
         return PEERS[name], PEER_EXTRAS.get(name, declare())
     if name in SKIPPING_METHODS:
