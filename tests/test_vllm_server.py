@@ -15,6 +15,7 @@ else:
 import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
@@ -284,6 +285,56 @@ def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
         tp1.close()
     assert [r.tokens for r in got] == [r.tokens for r in want]
     assert got[0].stats["plugin"]["relaxed_accepted"] == want[0].stats["plugin"]["relaxed_accepted"] > 0
+
+
+@pytest.mark.slow  # spawns vLLM servers or workers
+def test_data_parallel_2_two_rules_across_ranks_same_greedy_text_and_counters_as_dp1(tmp_path):
+    """``--data-parallel-size 2`` (two engine cores, each its own sampler with the plugin): 16
+    concurrent greedy requests, ``sd`` and ``nsd`` per request, give the texts one engine gives,
+    both ranks write counts, and /metrics sums them to one engine's counts. float32 for the reason
+    the tensor-parallel test gives (batches differ between the ranks and one engine)."""
+    prompts = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
+    rules = [{"rule": "sd"}, {"rule": "nsd", "theta": 0.9}]
+    jobs = [(prompt, rule) for prompt in prompts for rule in rules]
+    args = ["--k", "4", "--max-model-len", "512", "--dtype", "float32", "--data-parallel-size", "2"]
+    server = spawn(tmp_path, args)
+    try:
+        body = {"model": "relaxspec", "max_tokens": 32, "temperature": 0}
+
+        def send(job: tuple[str, dict]) -> str:
+            r = httpx.post(
+                f"{server.url}/v1/completions",
+                json={**body, "prompt": job[0], "vllm_xargs": job[1]},
+                headers=AUTH,
+                timeout=600,
+            )
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            got = list(pool.map(send, jobs))
+        metrics = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+        stats_files = [f for d in tmp_path.glob(f"{STATS_PREFIX}*") for f in d.glob("*.json")]
+    finally:
+        server.stop()
+    assert len(stats_files) == 2  # one per rank's sampler process
+
+    def counts(name: str) -> list[float]:
+        return [
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith(f"relaxspec_{name}_total{{")
+        ]
+
+    dp1 = VLLMEngine("nsd", theta=0.9, k=4, max_model_len=512, llm_kwargs={"dtype": "float32"})
+    try:
+        want = dp1.generate([p for p, _ in jobs], max_new_tokens=32, rule=[r for _, r in jobs])
+    finally:
+        dp1.close()
+    assert got == [r.text for r in want]
+    plugin = want[0].stats["plugin"]  # the engine's totals over the batch
+    assert counts("drafts") == plugin["drafted_per_pos"]
+    assert counts("relaxed_accepted") == plugin["relaxed_per_pos"] and sum(plugin["relaxed_per_pos"]) > 0
 
 
 def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
