@@ -26,7 +26,7 @@ import psutil
 from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.integrations.vllm.serve import STATS_PREFIX
-from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer
+from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer, free_port
 from relaxspec.serve.server import ChatMessage, ChatTemplate
 
 KEY = "test-key"
@@ -36,14 +36,17 @@ LIMITS = ["--max-body-bytes", "4096", "--max-tokens-cap", "64", "--default-max-t
           "--max-concurrency", "4", "--log-level", "warning"]  # fmt: skip
 
 
-def spawn(tmp: Path, args: list[str], method: str = "nsd") -> SpawnedServer:
+def spawn(tmp: Path, args: list[str], method: str = "nsd", wait: bool = True) -> SpawnedServer:
     """``python -m relaxspec.integrations.vllm.serve --method METHOD ARGS`` (``vllm-sd``: stock) with
-    the key in its environment and ``tmp`` as its temporary directory; up and answering ``/health``."""
+    the key in its environment and ``tmp`` as its temporary directory; up and answering ``/health``
+    (``wait``)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     config = LoadtestConfig(concurrency=[1], spawn_args=args, api_key=KEY, engine="vllm")
     with mock.patch.dict(os.environ, {"TMPDIR": str(tmp)}):
         server = SpawnedServer(method, config, tmp)
     try:
-        server.wait_ready(600)
+        if wait:
+            server.wait_ready(600)
     except BaseException:
         server.stop()
         raise
@@ -288,53 +291,59 @@ def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
 
 
 @pytest.mark.slow  # spawns vLLM servers or workers
-def test_data_parallel_2_two_rules_across_ranks_same_greedy_text_and_counters_as_dp1(tmp_path):
-    """``--data-parallel-size 2`` (two engine cores, each its own sampler with the plugin): 16
-    concurrent greedy requests, ``sd`` and ``nsd`` per request, give the texts one engine gives,
-    both ranks write counts, and /metrics sums them to one engine's counts. float32 for the reason
-    the tensor-parallel test gives (batches differ between the ranks and one engine)."""
+def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engine(tmp_path):
+    """vLLM's multi-node data-parallel launcher on loopback: node 0 runs the API server and rank 0,
+    node 1 (``--headless``) rank 1 and an endpoint for its counts. 16 concurrent greedy requests,
+    ``sd`` and ``nsd`` per request, give the texts one engine gives; the two nodes' counts add up
+    to one engine's (what a Prometheus ``sum`` over the nodes reads). float32 for the reason the
+    tensor-parallel test gives (the ranks batch differently from one engine)."""
     prompts = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
     rules = [{"rule": "sd"}, {"rule": "nsd", "theta": 0.9}]
     jobs = [(prompt, rule) for prompt in prompts for rule in rules]
-    args = ["--k", "4", "--max-model-len", "512", "--dtype", "float32", "--data-parallel-size", "2"]
-    server = spawn(tmp_path, args)
+    dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address",
+          "127.0.0.1", "--data-parallel-rpc-port", str(free_port())]  # fmt: skip
+    common = ["--k", "4", "--max-model-len", "512", "--dtype", "float32", *dp]
+    node1 = spawn(tmp_path / "node1", [*common, "--headless", "--data-parallel-start-rank", "1"], wait=False)
     try:
-        body = {"model": "relaxspec", "max_tokens": 32, "temperature": 0}
+        node0 = spawn(tmp_path / "node0", common)
+        try:
+            body = {"model": "relaxspec", "max_tokens": 32, "temperature": 0}
 
-        def send(job: tuple[str, dict]) -> str:
-            r = httpx.post(
-                f"{server.url}/v1/completions",
-                json={**body, "prompt": job[0], "vllm_xargs": job[1]},
-                headers=AUTH,
-                timeout=600,
-            )
-            assert r.status_code == 200, r.text
-            return r.json()["choices"][0]["text"]
+            def send(job: tuple[str, dict]) -> str:
+                json = {**body, "prompt": job[0], "vllm_xargs": job[1]}
+                r = httpx.post(f"{node0.url}/v1/completions", json=json, headers=AUTH, timeout=600)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
 
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            got = list(pool.map(send, jobs))
-        metrics = httpx.get(f"{server.url}/metrics", headers=AUTH).text
-        stats_files = [f for d in tmp_path.glob(f"{STATS_PREFIX}*") for f in d.glob("*.json")]
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                got = list(pool.map(send, jobs))
+            pages = [
+                httpx.get(f"{node0.url}/metrics", headers=AUTH).text,
+                httpx.get(f"{node1.url}/metrics").text,
+            ]
+        finally:
+            node0.stop()
     finally:
-        server.stop()
-    assert len(stats_files) == 2  # one per rank's sampler process
+        node1.stop()
 
-    def counts(name: str) -> list[float]:
+    def counts(name: str, page: str) -> list[float]:
         return [
             float(line.split()[-1])
-            for line in metrics.splitlines()
+            for line in page.splitlines()
             if line.startswith(f"relaxspec_{name}_total{{")
         ]
 
-    dp1 = VLLMEngine("nsd", theta=0.9, k=4, max_model_len=512, llm_kwargs={"dtype": "float32"})
+    one = VLLMEngine("nsd", theta=0.9, k=4, max_model_len=512, llm_kwargs={"dtype": "float32"})
     try:
-        want = dp1.generate([p for p, _ in jobs], max_new_tokens=32, rule=[r for _, r in jobs])
+        want = one.generate([p for p, _ in jobs], max_new_tokens=32, rule=[r for _, r in jobs])
     finally:
-        dp1.close()
+        one.close()
     assert got == [r.text for r in want]
     plugin = want[0].stats["plugin"]  # the engine's totals over the batch
-    assert counts("drafts") == plugin["drafted_per_pos"]
-    assert counts("relaxed_accepted") == plugin["relaxed_per_pos"] and sum(plugin["relaxed_per_pos"]) > 0
+    for name, key in (("drafts", "drafted_per_pos"), ("relaxed_accepted", "relaxed_per_pos")):
+        per_node = [counts(name, page) for page in pages]
+        assert all(sum(c) > 0 for c in per_node), per_node  # both ranks drafted
+        assert [a + b for a, b in zip(*per_node, strict=True)] == plugin[key]
 
 
 def test_k_schedule_is_parsed_validated_and_passed_to_vllm():

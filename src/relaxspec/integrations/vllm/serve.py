@@ -288,7 +288,9 @@ def serve(
 
     ``server``: the method's models, k and address (:func:`vllm_args`); ``options``: the guard's
     key and caps, enforced by :mod:`.guard` on every route, and vLLM's concurrency and log level
-    (:func:`serving_args`).
+    (:func:`serving_args`). With vLLM's ``--headless`` in ``server.extra`` (a further node of
+    multi-node data parallel: engines, no API server) the node serves only its relaxspec counters,
+    Prometheus text without a key, on ``server.host:server.port`` (docs/vllm.md, "Past one machine").
     """
     server, o = server or ServerSettings(), options or ServingOptions()
     plugin.require_vllm()
@@ -325,6 +327,10 @@ def serve(
             from prometheus_client import REGISTRY
 
             REGISTRY.register(StatsCollector(where, server.served_model_name or "relaxspec"))
+            if "--headless" in server.extra:  # no API server on this node: its counts on --port
+                from prometheus_client import start_http_server
+
+                start_http_server(server.port, addr=server.host)
         _run_vllm_server(argv, method)
 
 
@@ -344,6 +350,12 @@ def _run_vllm_server(argv: list[str], method: str) -> None:
 
         args.hf_overrides = mars_hf_overrides
     validate_parsed_serve_args(args)
+    if args.headless:  # engines only, no API server (a further node of multi-node data parallel)
+        from vllm.entrypoints.cli.serve import run_headless
+
+        args.api_server_count = 0
+        run_headless(args)
+        return
     uvloop.run(run_server(args))
 
 
