@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,6 +14,8 @@ from relaxspec.models import load_model
 from relaxspec.train.ar import train_ar
 from relaxspec.train.distill import (
     DistillRecipe,
+    TeacherDecoding,
+    TeacherPrompts,
     build_distill_data,
     function_prompts,
     kl_to_teacher,
@@ -39,8 +42,8 @@ def family(tmp_path_factory):
         {**common, "steps": 2, "seed": 1}, progress=False,
     )  # fmt: skip
     rows = build_distill_data(
-        root / "teacher", root / "corpus", root / "rows.jsonl", n_code=30, n_math=30,
-        max_new_tokens=12, max_prompt_tokens=150, batch_size=8, progress=False,
+        root / "teacher", root / "corpus", root / "rows.jsonl", TeacherPrompts(n_code=30, n_math=30),
+        TeacherDecoding(max_new_tokens=12, max_prompt_tokens=150, batch_size=8), progress=False,
     )  # fmt: skip
     return root, rows
 
@@ -110,8 +113,8 @@ def test_interrupted_build_resumes_to_the_same_rows(family, tmp_path):
     partial = tmp_path / "rows.jsonl"
     partial.write_text("".join(lines[:13]))  # a run killed after 13 rows
     build_distill_data(
-        root / "teacher", root / "corpus", partial, n_code=30, n_math=30,
-        max_new_tokens=12, max_prompt_tokens=150, batch_size=8, progress=False,
+        root / "teacher", root / "corpus", partial, TeacherPrompts(n_code=30, n_math=30),
+        TeacherDecoding(max_new_tokens=12, max_prompt_tokens=150, batch_size=8), progress=False,
     )  # fmt: skip
     assert partial.read_text() == "".join(lines)
 
@@ -155,7 +158,7 @@ def test_bad_input(family, tmp_path, cli):
             *args, rows_path, root / "corpus", tmp_path / "r", None, DistillRecipe(corpus_weight=1.5)
         )
     with pytest.raises(RelaxSpecError, match="not all 0"):
-        build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", n_code=0, n_math=0)
+        build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", TeacherPrompts(0, 0))
     done = cli("train", "distill", "--student", str(tmp_path / "nope"), "--data", str(rows_path))
     assert done.returncode == 2 and "model directory not found" in done.stderr + done.stdout
 
@@ -168,7 +171,7 @@ def test_synthetic_code_prompts_come_from_training_tasks_only(tmp_path):
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    prompts = distill_prompts(corpus, n_code=0, n_math=0, n_synthcode=40)
+    prompts = distill_prompts(corpus, TeacherPrompts(0, 0, n_synthcode=40))
     assert len(prompts) == 40 and {p["source"] for p in prompts} == {"synthcode"}
     texts = {p["prompt"] for p in prompts}
     heldout = eval_tasks(200) + heldout_family_tasks(100) + heldout_combo_tasks(100)
@@ -184,7 +187,7 @@ def test_styled_math_prompts_come_from_training_phrasings_only(tmp_path):
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    prompts = distill_prompts(corpus, n_code=0, n_math=0, n_synthcode=10, n_math_styles=60)
+    prompts = distill_prompts(corpus, TeacherPrompts(0, 0, n_synthcode=10, n_math_styles=60))
     assert len(prompts) == 70
     assert sum(p["source"] == "math_styles" for p in prompts) == 60
     styled = {p["prompt"] for p in prompts if p["source"] == "math_styles"}
@@ -205,7 +208,7 @@ def test_variant_family_prompts_come_from_training_splits_only(tmp_path):
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    prompts = distill_prompts(corpus, n_code=0, n_math=0, n_codevar=30, n_mathvar=20)
+    prompts = distill_prompts(corpus, TeacherPrompts(0, 0, n_codevar=30, n_mathvar=20))
     assert sorted(p["source"] for p in prompts) == ["codevar"] * 30 + ["mathvar"] * 20
     code = {p["prompt"] for p in prompts if p["source"] == "codevar"}
     math = {p["prompt"] for p in prompts if p["source"] == "mathvar"}
@@ -223,15 +226,17 @@ def test_sampled_rows_reproduce_on_resume_and_leave_the_greedy_path(family, tmp_
     """A sampled build (temperature 1) is a pure function of its arguments: killed at a batch
     boundary and rerun, it writes the same rows; and its rows are not the greedy ones."""
     root, greedy_path = family
-    args = {"n_code": 30, "n_math": 30, "max_new_tokens": 12, "max_prompt_tokens": 150, "batch_size": 8}
+    want = TeacherPrompts(n_code=30, n_math=30)
+    how = TeacherDecoding(max_new_tokens=12, max_prompt_tokens=150, batch_size=8, temperature=1.0)
     full = tmp_path / "full.jsonl"
-    build_distill_data(root / "teacher", root / "corpus", full, temperature=1.0, progress=False, **args)
+    build_distill_data(root / "teacher", root / "corpus", full, want, how, progress=False)
     lines = full.read_text().splitlines(keepends=True)
     partial = tmp_path / "partial.jsonl"
     partial.write_text("".join(lines[:16]))  # killed after two batches
-    build_distill_data(root / "teacher", root / "corpus", partial, temperature=1.0, progress=False, **args)
+    build_distill_data(root / "teacher", root / "corpus", partial, want, how, progress=False)
     assert partial.read_text() == "".join(lines)
     greedy = greedy_path.read_text().splitlines(keepends=True)
     assert len(greedy) == len(lines) and sum(a != b for a, b in zip(greedy, lines, strict=True)) >= 5
     with pytest.raises(RelaxSpecError, match="temperature must be >= 0"):
-        build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", temperature=-1.0, **args)
+        bad = dataclasses.replace(how, temperature=-1.0)
+        build_distill_data(root / "teacher", root / "corpus", tmp_path / "x.jsonl", want, bad)

@@ -252,12 +252,34 @@ def test_governor_measures_only_while_the_engine_runs():
 def test_governor_applies_the_count_in_every_thread_that_runs_forwards():
     m = FakeMachine()
     gov = m.governor()
-    gov.tick()
+    assert gov.tick() == 2  # the main thread alone
     seen = []
     worker = threading.Thread(target=lambda: seen.append(gov.tick()))
     worker.start()
     worker.join()
-    assert seen == [2] and m.set_calls == [2, 2]  # torch's OpenMP count is per thread
+    # torch's OpenMP count is per thread; the main thread and a worker share the two CPUs
+    assert seen == [1] and m.set_calls == [2, 1]
+    assert gov.tick() == 1 and m.set_calls == [2, 1, 1]
+
+
+def test_threads_share_a_larger_count():
+    m = FakeMachine(cpus=8)
+    gov = m.governor(limit=8)
+    seen, done = [], threading.Event()
+
+    def work() -> None:
+        seen.append(gov.tick())
+        done.wait()  # alive until the end: no two workers share an ident
+
+    workers = [threading.Thread(target=work) for _ in range(3)]
+    for w in workers:  # one after the other: each sees the runners so far
+        w.start()
+        while len(seen) < workers.index(w) + 1:
+            time.sleep(0.001)
+    done.set()
+    for w in workers:
+        w.join()
+    assert seen == [4, 2, 2]  # main + 1, main + 2 (8 // 3), main + 3
 
 
 def test_governor_without_proc_stat_keeps_its_count():

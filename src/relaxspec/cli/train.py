@@ -317,24 +317,11 @@ def train_distill_data_cmd(
     batch_size: int = 48,
 ) -> None:
     """Continue training-split prompts with the teacher (greedy or sampled): `train distill`'s data."""
-    from relaxspec.train.distill import build_distill_data
+    from relaxspec.train.distill import TeacherDecoding, TeacherPrompts, build_distill_data
 
-    path = build_distill_data(
-        role_dir(teacher, "target"),
-        corpus,
-        out,
-        n_code=n_code,
-        n_math=n_math,
-        n_synthcode=n_synthcode,
-        n_math_styles=n_math_styles,
-        n_codevar=n_codevar,
-        n_mathvar=n_mathvar,
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        max_prompt_tokens=max_prompt_tokens,
-        batch_size=batch_size,
-    )
+    want = TeacherPrompts(n_code, n_math, n_synthcode, n_math_styles, n_codevar, n_mathvar)
+    how = TeacherDecoding(max_new_tokens, max_prompt_tokens, batch_size, temperature, top_p)
+    path = build_distill_data(role_dir(teacher, "target"), corpus, out, want, how)
     print(f"teacher rows in {path}")
 
 

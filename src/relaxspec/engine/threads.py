@@ -228,17 +228,24 @@ class ThreadGovernor:
         self._ticks = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
         self._lock = threading.Lock()
         self._local = threading.local()
+        # The threads that run torch work: the main thread (it loaded the models) and each thread
+        # that ran a forward. They share the count (see tick).
+        self._runners = {threading.main_thread().ident}
         self.threads = self.limit
         self._sample = (self._read_stat(), self._own_time())
         self._last_tick = self._clock()
         self._next = self._last_tick + self.interval
 
     def tick(self) -> int:
-        """Re-measure if ``interval`` has passed; apply the count in this thread. Returns it.
+        """Re-measure if ``interval`` has passed; apply this thread's share of the count. Returns it.
 
         A window that held a gap longer than ``interval`` without forwards is dropped and a new
         one starts: the count follows what others take while this process runs, not while it
-        waits (between requests, or while a bench times another engine).
+        waits (between requests, or while a bench times another engine). Each thread that runs
+        forwards gets ``threads // runners`` (at least 1): libgomp keeps a team of threads per
+        thread that opened one, and once its threads outnumber the CPUs it cuts every barrier's
+        spin to ~100 iterations, which costs more than the second thread gains (a server's
+        request threads: docs/performance.md §8).
         """
         now = self._clock()
         idle, self._last_tick = now - self._last_tick > self.interval, now
@@ -250,10 +257,12 @@ class ThreadGovernor:
                     self._measure()
             finally:
                 self._lock.release()
-        if getattr(self._local, "applied", None) != self.threads:
-            self._set_threads(self.threads)
-            self._local.applied = self.threads
-        return self.threads
+        self._runners.add(threading.get_ident())
+        share = max(1, self.threads // len(self._runners))
+        if getattr(self._local, "applied", None) != share:
+            self._set_threads(share)
+            self._local.applied = share
+        return share
 
     def _measure(self) -> None:
         stat, own = self._read_stat(), self._own_time()

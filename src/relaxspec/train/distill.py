@@ -77,23 +77,68 @@ def function_prompts(module_source: str) -> list[str]:
     return prompts
 
 
-def distill_prompts(
-    corpus_dir: str | Path,
-    n_code: int,
-    n_math: int,
-    seed: int = 0,
-    n_synthcode: int = 0,
-    n_math_styles: int = 0,
-    n_codevar: int = 0,
-    n_mathvar: int = 0,
-) -> list[dict]:
-    """``n_code`` function prompts, ``n_math`` math prompts, ``n_synthcode`` synthetic code task
+@dataclass(frozen=True)
+class TeacherPrompts:
+    """Which training prompts the teacher continues: how many of each kind, shuffled by ``seed``.
+
+    ``n_code`` function prompts, ``n_math`` math prompts, ``n_synthcode`` synthetic code task
     prompts (half hand-written families, half compositional pipelines; training seeds and
-    combinations only, :mod:`relaxspec.data.codegen`) and ``n_math_styles`` math questions in the
+    combinations only, :mod:`relaxspec.data.codegen`), ``n_math_styles`` math questions in the
     training phrasing styles (:func:`relaxspec.data.mathgen.train_styled_problems`), ``n_codevar``
     code tasks and ``n_mathvar`` math problems of the variant family
     (:mod:`relaxspec.data.codevartasks`, :mod:`relaxspec.data.mathvariants`), all from the
-    *training* splits, shuffled."""
+    *training* splits.
+    """
+
+    n_code: int = 2000
+    n_math: int = 1000
+    n_synthcode: int = 0
+    n_math_styles: int = 0
+    n_codevar: int = 0
+    n_mathvar: int = 0
+    seed: int = 0
+
+    def check(self) -> None:
+        counts = (
+            self.n_code,
+            self.n_math,
+            self.n_synthcode,
+            self.n_math_styles,
+            self.n_codevar,
+            self.n_mathvar,
+        )
+        if min(counts) < 0 or sum(counts) == 0:
+            raise RelaxSpecError(
+                "n_code, n_math, n_synthcode, n_math_styles, n_codevar and n_mathvar "
+                "must be >= 0 and not all 0"
+            )
+
+
+@dataclass(frozen=True)
+class TeacherDecoding:
+    """How the teacher continues them: greedily (``temperature`` 0) or sampled at ``temperature`` /
+    ``top_p``, ``max_new_tokens`` each, prompts over ``max_prompt_tokens`` dropped, ``batch_size``
+    prompts per forward."""
+
+    max_new_tokens: int = 96
+    max_prompt_tokens: int = 160
+    batch_size: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1 or self.batch_size < 1 or self.max_prompt_tokens < 1:
+            raise RelaxSpecError("max_new_tokens, max_prompt_tokens and batch_size must be >= 1")
+        if not self.temperature >= 0 or not 0 < self.top_p <= 1:
+            raise RelaxSpecError(
+                f"temperature must be >= 0 and top_p in (0, 1]; got {self.temperature}, {self.top_p}"
+            )
+
+
+def distill_prompts(corpus_dir: str | Path, want: TeacherPrompts) -> list[dict]:
+    """The prompts ``want`` asks for, ``{"source", "prompt"}`` each, shuffled by ``want.seed``."""
+    n_code, n_math, n_synthcode = want.n_code, want.n_math, want.n_synthcode
+    n_math_styles, n_codevar, n_mathvar, seed = want.n_math_styles, want.n_codevar, want.n_mathvar, want.seed
     corpus = Path(corpus_dir)
     rng = random.Random(seed)
     code: list[str] = []
@@ -167,66 +212,48 @@ def build_distill_data(
     teacher_dir: str | Path,
     corpus_dir: str | Path,
     out_path: str | Path,
-    n_code: int = 2000,
-    n_math: int = 1000,
-    n_synthcode: int = 0,
-    n_math_styles: int = 0,
-    max_new_tokens: int = 96,
-    max_prompt_tokens: int = 160,
-    batch_size: int = 32,
-    seed: int = 0,
+    prompts: TeacherPrompts | None = None,
+    decoding: TeacherDecoding | None = None,
     progress: bool = True,
-    n_codevar: int = 0,
-    n_mathvar: int = 0,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
 ) -> Path:
     """Write ``{"source", "ids", "prompt_len"}`` rows of teacher continuations to ``out_path``.
 
     Prompts come from the corpus's training split in the shapes the benchmarks use: a function
     signature and docstring from the stdlib training modules (as HumanEval prompts are) and a
-    math question ending in ``Answer:``; the teacher continues them greedily (``temperature`` 0)
-    or samples at ``temperature`` / ``top_p`` — sampled rows show the student the variants a spread
-    target chooses between, which greedy rows never leave.
+    math question ending in ``Answer:`` (``prompts``, :class:`TeacherPrompts`); the teacher continues
+    them greedily or samples (``decoding``, :class:`TeacherDecoding`) — sampled rows show the
+    student the variants a spread target chooses between, which greedy rows never leave.
 
-    Prompts longer than ``max_prompt_tokens`` are dropped (HumanEval prompts are shorter) and the
+    Prompts longer than ``decoding.max_prompt_tokens`` are dropped (HumanEval prompts are shorter) and the
     rest are generated in order of length, so a batch wastes little compute on padding. Appends
     batch by batch; rerunning with the same arguments continues after the rows already written
     (the prompt order is a pure function of the arguments).
     """
-    counts = (n_code, n_math, n_synthcode, n_math_styles, n_codevar, n_mathvar)
-    if min(counts) < 0 or sum(counts) == 0:
-        raise RelaxSpecError(
-            "n_code, n_math, n_synthcode, n_math_styles, n_codevar and n_mathvar must be >= 0 and not all 0"
-        )
-    if max_new_tokens < 1 or batch_size < 1 or max_prompt_tokens < 1:
-        raise RelaxSpecError("max_new_tokens, max_prompt_tokens and batch_size must be >= 1")
-    if not temperature >= 0 or not 0 < top_p <= 1:
-        raise RelaxSpecError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
+    want, how = prompts or TeacherPrompts(), decoding or TeacherDecoding()
+    want.check()
+    how.check()
     out = Path(out_path)
     teacher = load_model(teacher_dir)
-    prompts = distill_prompts(
-        corpus_dir, n_code, n_math, seed, n_synthcode, n_math_styles, n_codevar, n_mathvar
-    )
-    lengths = [len(ids) for ids in teacher.tokenizer([p["prompt"] for p in prompts])["input_ids"]]
-    prompts = [p | {"prompt_len": n} for p, n in zip(prompts, lengths, strict=True) if n <= max_prompt_tokens]
-    prompts.sort(key=lambda p: p["prompt_len"])  # stable: ties keep the shuffled order
+    todo = distill_prompts(corpus_dir, want)
+    lengths = [len(ids) for ids in teacher.tokenizer([p["prompt"] for p in todo])["input_ids"]]
+    todo = [p | {"prompt_len": n} for p, n in zip(todo, lengths, strict=True) if n <= how.max_prompt_tokens]
+    todo.sort(key=lambda p: p["prompt_len"])  # stable: ties keep the shuffled order
     done = 0
     if out.is_file():
         done = len(read_jsonl(out))  # also validates that the existing file is not corrupt
     out.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(prompts), initial=done, desc="teacher", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=len(todo), initial=done, desc="teacher", disable=not progress, dynamic_ncols=True)
     with out.open("a", encoding="utf-8") as f:
-        for start in range(done, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
+        for start in range(done, len(todo), how.batch_size):
+            chunk = todo[start : start + how.batch_size]
             ids = teacher_continuations(
                 teacher.model,
                 teacher.tokenizer,
                 [p["prompt"] for p in chunk],
-                max_new_tokens,
-                temperature,
-                top_p,
-                seed=seed * 1_000_003 + start,
+                how.max_new_tokens,
+                how.temperature,
+                how.top_p,
+                seed=want.seed * 1_000_003 + start,
             )
             for p, row in zip(chunk, ids, strict=True):
                 f.write(json.dumps({"source": p["source"], "ids": row, "prompt_len": p["prompt_len"]}) + "\n")
