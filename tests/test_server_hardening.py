@@ -23,15 +23,9 @@ import openai
 import pytest
 
 from relaxspec.errors import RelaxSpecError
-from relaxspec.methods import (
-    MAX_COUNT,
-    MAX_DRAFT_TOKENS,
-    MAX_DRAFT_WORK,
-    ModelSet,
-    method_names,
-    resolve_params,
-)
+from relaxspec.methods import ModelSet, method_names, resolve_params
 from relaxspec.models import LoadedModel
+from relaxspec.params import MAX_COUNT, MAX_DRAFT_TOKENS, MAX_DRAFT_WORK
 from relaxspec.serve.pool import ServingPool
 from relaxspec.serve.server import BackgroundServer, create_app
 from relaxspec.testing import perturbed_copy
