@@ -41,7 +41,6 @@ ALLOWED_FUNCTIONS: dict[str, str] = {
     # Called with these flags by the `train` commands (cli/train.py): a settings object for them
     # belongs with the one for the commands.
     "train/diffusion.py:train_diffusion": "12 parameters, one per `train diffusion` flag",
-    "train/distill.py:build_distill_data": "12 parameters, one per `train distill-data` flag",
 }
 
 

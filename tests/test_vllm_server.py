@@ -343,7 +343,9 @@ def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engin
     for name, key in (("drafts", "drafted_per_pos"), ("relaxed_accepted", "relaxed_per_pos")):
         per_node = [counts(name, page) for page in pages]
         assert all(sum(c) > 0 for c in per_node), per_node  # both ranks drafted
-        assert [a + b for a, b in zip(*per_node, strict=True)] == plugin[key]
+        summed = [a + b for a, b in zip(*per_node, strict=True)]
+        # the offline engine's arrays may be longer (sized for a larger k by an earlier engine)
+        assert plugin[key][: len(summed)] == summed and not any(plugin[key][len(summed) :])
 
 
 def test_k_schedule_is_parsed_validated_and_passed_to_vllm():
