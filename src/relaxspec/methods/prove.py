@@ -65,19 +65,26 @@ def _block_proposer(models: ModelSet, method: str, p: Params) -> tuple[LoadedMod
     return block, BlockProposer.from_pretrained(block.model, block.tokenizer, size)
 
 
-def _build_mars(models: ModelSet, p: Params) -> Engine:
-    block, proposer = _block_proposer(models, "mars", p)
-    # No verifier: the commit-first scheduler commits >= 1 token every cycle, so the rules are
-    # never consulted (the engine only verifies the last token of a length budget).
+def _on_the_block_model(
+    block: LoadedModel, proposer: BlockProposer | FusedBlockProposer, scheduler: ConfidenceSkip | None = None
+) -> Engine:
+    """An engine whose verifier is the block model itself, with the exact rules (lossless)."""
     return Engine(
         block.model,
         block.tokenizer,
         proposer=proposer,
         rule=Exact(),
         greedy_rule=Greedy(),
-        scheduler=ConfidenceSkip(p.tau, commit_first=True),
+        scheduler=scheduler,
         k=proposer.block_size,
     )
+
+
+def _build_mars(models: ModelSet, p: Params) -> Engine:
+    block, proposer = _block_proposer(models, "mars", p)
+    # No verifier: the commit-first scheduler commits >= 1 token every cycle, so the rules are
+    # never consulted (the engine only verifies the last token of a length budget).
+    return _on_the_block_model(block, proposer, ConfidenceSkip(p.tau, commit_first=True))
 
 
 def _validate_mars(p: Params) -> None:
@@ -114,14 +121,7 @@ def _build_prove_lossless(models: ModelSet, p: Params) -> Engine:
         proposer = FusedBlockProposer(block.model, size, mask_id, p.min_confidence)
     else:
         block, proposer = _block_proposer(models, "prove-lossless", p)
-    return Engine(
-        block.model,
-        block.tokenizer,
-        proposer=proposer,
-        rule=Exact(),
-        greedy_rule=Greedy(),
-        k=proposer.block_size,
-    )
+    return _on_the_block_model(block, proposer)
 
 
 MIN_CONFIDENCE = Param(
