@@ -243,7 +243,11 @@ class Batcher:
             self._pending.append(req)
             self._maybe_run_locked()
             while not req.done:
-                self._cond.wait(CANCEL_POLL_SECONDS if cancel is not None else None)
+                # Wait only while another sequence has yet to ask for its forward; when every
+                # active one is waiting already (e.g. this one's prompt has another prefill chunk
+                # to feed), the next step runs at once instead of after a poll interval.
+                if not (self._pending and len(self._pending) >= self.active):
+                    self._cond.wait(CANCEL_POLL_SECONDS if cancel is not None else None)
                 if not req.done and cancel is not None and cancel.is_set() and req in self._pending:
                     self._pending.remove(req)
                     raise Cancelled()
