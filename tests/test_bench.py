@@ -461,15 +461,17 @@ def test_the_table_ends_in_a_plain_summary():
 
 
 def test_our_cells_wait_out_vllms_idle_polling():
-    from relaxspec.eval.bench import VLLM_POLL_SECONDS, is_vllm_cell, settle_after_vllm
+    from relaxspec.eval.bench import is_vllm_cell
+    from relaxspec.integrations.vllm.runners import POLL_SECONDS, EnginePool
 
     slept: list[float] = []
-    now = time.monotonic()
-    settle_after_vllm(now, vllm_next=False, sleep=slept.append)  # ours right after vLLM: wait
-    assert len(slept) == 1 and 0 < slept[0] <= VLLM_POLL_SECONDS
-    settle_after_vllm(now, vllm_next=True, sleep=slept.append)  # vLLM after vLLM: no wait
-    settle_after_vllm(None, vllm_next=False, sleep=slept.append)  # ours after ours: no wait
-    settle_after_vllm(now - 2 * VLLM_POLL_SECONDS, vllm_next=False, sleep=slept.append)  # already idle
+    pool = EnginePool()
+    pool.settle(sleep=slept.append)  # nothing ran in vLLM yet: no wait
+    pool.last_run = time.monotonic()
+    pool.settle(sleep=slept.append)  # ours right after vLLM: wait
+    assert len(slept) == 1 and 0 < slept[0] <= POLL_SECONDS
+    pool.last_run = time.monotonic() - 2 * POLL_SECONDS  # already idle
+    pool.settle(sleep=slept.append)
     assert len(slept) == 1
     assert is_vllm_cell(Cell("vllm-ar", {}, "math", 0, {}))
     assert is_vllm_cell(Cell("nsd", {}, "math", 0, {"engine": "vllm"}))

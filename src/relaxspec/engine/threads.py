@@ -206,7 +206,8 @@ class ThreadGovernor:
     """Keeps torch's thread count at the CPUs other processes leave this one, while it runs.
 
     :meth:`tick` is called before every forward (:func:`relaxspec.engine.kv.model_logits`); at
-    most every ``interval`` seconds of running it samples ``/proc/stat`` and this process's CPU time, and
+    most every ``interval`` seconds of running it samples ``/proc/stat`` and this process's CPU
+    time, and
     sets ``threads = max(1, limit - ⌊others + 1 - TAKEN_SHARE⌋)`` (``limit``: the affinity mask
     capped at the cgroup quota; ``others``: :func:`others_cpus`). torch's OpenMP thread count is
     per calling thread, so each thread that runs forwards applies the current count itself.
@@ -216,6 +217,7 @@ class ThreadGovernor:
         self,
         cpus: set[int],
         limit: int,
+        start: int | None = None,
         interval: float = FOLLOW_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         read_stat: Callable[[], dict[int, tuple[int, int]]] = cpu_times,
@@ -231,7 +233,7 @@ class ThreadGovernor:
         # The threads that run torch work: the main thread (it loaded the models) and each thread
         # that ran a forward. They share the count (see tick).
         self._runners = {threading.main_thread().ident}
-        self.threads = self.limit
+        self.threads = self.limit if start is None else max(1, min(start, self.limit))
         self._sample = (self._read_stat(), self._own_time())
         self._last_tick = self._clock()
         self._next = self._last_tick + self.interval
@@ -308,8 +310,8 @@ def configure_threads(threads: int | None = None, follow: bool = True) -> int:
     )
     _GOVERNOR = None
     if follow and chosen_here and n is not None:
-        cpus, quota = affinity_cpus(), cgroup_cpu_limit()
-        if len(cpus) > 1 and (quota is None or quota >= 2):
-            _GOVERNOR = ThreadGovernor(cpus, default_threads(cpus, quota))
-            _GOVERNOR.threads = n  # what the start-up sample chose
+        cpus = affinity_cpus()
+        limit = default_threads(cpus, cgroup_cpu_limit())
+        if limit > 1:  # with one CPU there is nothing to follow
+            _GOVERNOR = ThreadGovernor(cpus, limit, start=n)  # n: what the start-up sample chose
     return torch.get_num_threads()

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -411,7 +410,6 @@ def _run_grid(
     ref_cell = Cell("ar", {}, "", 0, {**cells[0].sampling, "temperature": 0.0})
     reference = make_runner(ref_cell, models, False, pool)
     todo = {(c.key, ex.id) for c, ex in pending}
-    last_vllm: float | None = None  # when the last vLLM cell ended (None: the last was ours)
     base = {"type": "record", "session": session, "tokens": [], "seconds": 0.0, "stats": None}
 
     with _progress(config.progress) as progress:
@@ -434,9 +432,9 @@ def _run_grid(
                     if key in broken:
                         out = {"error": broken[key]}
                     else:
-                        settle_after_vllm(last_vllm, is_vllm_cell(cell))
+                        if pool is not None and not is_vllm_cell(cell):
+                            pool.settle()  # our rows are timed with vLLM's workers quiet
                         out = run_cell(runners[key], ex, cell.seed, config.exec_timeout)
-                        last_vllm = time.monotonic() if is_vllm_cell(cell) else None
                     store.append({**base, "cell": cell.to_dict(), "example": ex.id, **out})
                     progress.advance(task)
 
@@ -445,26 +443,9 @@ def _run_grid(
     return rows
 
 
-# vLLM's workers keep polling their shared-memory queue for 1 s after their last read
-# (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition.busy_loop_s): a row of
-# ours started at once would share the CPU with ~1.5 cores of vLLM's polling.
-VLLM_POLL_SECONDS = 1.2
-
-
 def is_vllm_cell(cell: Cell) -> bool:
     """A cell that runs in vLLM (a stock peer, or a method on ``--engine vllm``)."""
     return cell.sampling.get("engine") == "vllm" or vllm_runners.is_peer(cell.method)
-
-
-def settle_after_vllm(
-    last_vllm: float | None, vllm_next: bool, sleep: Callable[[float], None] = time.sleep
-) -> None:
-    """Before one of our cells, wait out the rest of vLLM's idle polling (:data:`VLLM_POLL_SECONDS`
-    after its last cell ended), so each engine is timed on CPUs the other leaves idle."""
-    if last_vllm is not None and not vllm_next:
-        wait = last_vllm + VLLM_POLL_SECONDS - time.monotonic()
-        if wait > 0:
-            sleep(wait)
 
 
 def _title(config: BenchConfig) -> str:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,9 +285,14 @@ def start_engine(plan: EnginePlan, paths: Mapping[str, Any], **runtime: Any) -> 
     return VLLMEngine(engine_settings(plan, paths, **runtime))
 
 
+# vLLM's workers keep polling their shared-memory queue for 1 s after their last read
+# (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition.busy_loop_s), ~1.5 cores.
+POLL_SECONDS = 1.2
+
+
 class EnginePool:
     """One vLLM engine per plan (less its rule: the rule is per request); created on first use,
-    closed by :meth:`close`."""
+    closed by :meth:`close`. ``last_run``: when a runner's generation last ended (:meth:`settle`)."""
 
     def __init__(
         self,
@@ -305,6 +311,7 @@ class EnginePool:
         }
         self.runtime = {"multiprocessing": multiprocessing, **engine_kwargs}
         self.engines: dict[tuple[Any, ...], VLLMEngine] = {}
+        self.last_run: float | None = None
 
     def get_plan(self, plan: EnginePlan) -> VLLMEngine:
         """The engine of a row; shared by plans that differ only in their rule."""
@@ -312,6 +319,14 @@ class EnginePool:
         if key not in self.engines:
             self.engines[key] = start_engine(plan, self.paths, **self.runtime)
         return self.engines[key]
+
+    def settle(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Wait out the engines' idle polling (:data:`POLL_SECONDS` after the last generation), so
+        that what runs next (a bench timing another engine) has the CPUs vLLM leaves idle."""
+        if self.last_run is not None:
+            wait = self.last_run + POLL_SECONDS - time.monotonic()
+            if wait > 0:
+                sleep(wait)
 
     def close(self) -> None:
         for engine in self.engines.values():
@@ -357,16 +372,19 @@ def runner(name: str, params: dict[str, Any], sampling: Any, pool: EnginePool) -
     rule = plan.request_rule() if not plan.stock and plan.rule != "ar" else None
 
     def run(ex: Any, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
-        result = engine.generate(
-            ex.prompt,
-            temperature=sampling.temperature,
-            max_new_tokens=max_new_tokens or sampling.max_new_tokens,
-            seed=seed if sampling.temperature > 0 else None,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            stop=list(ex.stop) or None,
-            rule=rule,
-        )[0]
+        try:
+            result = engine.generate(
+                ex.prompt,
+                temperature=sampling.temperature,
+                max_new_tokens=max_new_tokens or sampling.max_new_tokens,
+                seed=seed if sampling.temperature > 0 else None,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                stop=list(ex.stop) or None,
+                rule=rule,
+            )[0]
+        finally:
+            pool.last_run = time.monotonic()
         return {
             "tokens": result.tokens,
             "text": result.text,
