@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from relaxspec.core.acceptance import Exact, Greedy
 from relaxspec.core.sampling import SamplingParams
@@ -25,6 +26,7 @@ from relaxspec.engine.proposers.eagle import (
     is_eagle_dir,
     load_eagle,
     save_eagle,
+    stored_fingerprint,
     target_fingerprint,
 )
 from relaxspec.errors import RelaxSpecError
@@ -281,7 +283,15 @@ def dirs(tmp_path_factory, eagle_target, head):
 def test_a_head_directory_is_recognised_wherever_a_draft_is_taken(dirs, eagle_target, head):
     assert is_eagle_dir(dirs / "head") and not is_eagle_dir(dirs / "target")
     config = json.loads((dirs / "head" / "config.json").read_text())
-    assert config["architectures"] == ["RelaxSpecEagleHead"] and config["target"]["vocab_size"] == 12
+    # the head layer's Llama config, as vLLM's eagle proposer reads it, and the target's fingerprint
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert config["num_hidden_layers"] == 1 and config["relaxspec_target"]["vocab_size"] == 12
+    names = set(load_file(str(dirs / "head" / "model.safetensors")))
+    assert "fc.weight" in names and "fc.bias" not in names  # EAGLE-1's fc, as vLLM builds it
+    assert {n.split(".")[0] for n in names} == {
+        "fc",
+        "layers",
+    } and "layers.0.input_layernorm.weight" not in names
     assert {p.name for p in (dirs / "head").iterdir()} == {"config.json", "model.safetensors"}  # no target
     loaded = load_role("draft", dirs / "head")
     assert isinstance(loaded, LoadedEagle)
@@ -292,6 +302,33 @@ def test_a_head_directory_is_recognised_wherever_a_draft_is_taken(dirs, eagle_ta
     assert isinstance(engine.proposer, EagleProposer)
     with pytest.raises(RelaxSpecError, match="EAGLE head; pass a causal LM"):
         build_engine("prove", ModelSet(block=models.target, draft=models.draft))
+
+
+def test_drafter_picks_the_draft_model_or_the_eagle_head_in_one_model_set(dirs, eagle_target):
+    """``drafter=eagle`` drafts with the eagle role (``--eagle``), so one bench runs draft-model and
+    EAGLE rows side by side; in vLLM the row's drafter is the eagle role's directory."""
+    from relaxspec.engine.proposers.draft_model import DraftModel
+    from relaxspec.integrations.vllm import runners
+
+    paths = {"target": dirs / "target", "draft": dirs / "target", "eagle": dirs / "head"}
+    models = load_models("nsd", paths, kernels="hf")
+    assert isinstance(models.eagle, LoadedEagle)
+    assert isinstance(build_engine("nsd", models, k=3).proposer, DraftModel)
+    engine = build_engine("nsd", models, k=3, drafter="eagle")
+    assert isinstance(engine.proposer, EagleProposer)
+    ar = Engine(models.target.model, models.target.tokenizer)
+    assert engine.generate("w1 w2", GREEDY).tokens == ar.generate("w1 w2", GREEDY).tokens
+    with pytest.raises(RelaxSpecError, match="drafter"):
+        build_engine("sd", models, drafter="medusa")
+    with pytest.raises(RelaxSpecError, match="needs an eagle model"):
+        build_engine("sd", ModelSet(target=models.target, draft=models.draft), drafter="eagle")
+    with pytest.raises(RelaxSpecError, match="not a relaxspec EAGLE head"):
+        load_models("sd", {**paths, "eagle": dirs / "target"}, kernels="hf")
+    plan = runners.engine_plan("nsd", runners.resolve("nsd", {"drafter": "eagle"}))
+    assert (plan.proposer, plan.proposer_role) == ("draft", "eagle")
+    assert runners.engine_plan("sd", runners.resolve("sd", {})).proposer_role == "draft"
+    with pytest.raises(RelaxSpecError, match=r"drafter=eagle .* takes proposer=draft"):
+        runners.engine_plan("sd", runners.resolve("sd", {"drafter": "eagle", "proposer": "ngram"}))
 
 
 def test_a_head_for_another_target_is_one_clear_error(dirs, tok, cli, tmp_path):
@@ -337,6 +374,40 @@ def test_the_server_pool_runs_eagle_requests_beside_the_batch(dirs):
         assert result.stats.draft_calls > 0
 
 
+def test_vllm_drafts_with_its_eagle_proposer_from_a_head_directory(dirs, tok, tmp_path):
+    """The same directory is vLLM's EAGLE-1 checkpoint: ``--draft HEAD`` on the vLLM engine and server
+    asks for vLLM's ``eagle`` proposer, a causal LM for ``draft_model``, and a head trained for
+    another target is refused before vLLM starts (vLLM itself would load it)."""
+    from relaxspec.integrations.vllm.drafts import draft_speculative_config
+    from relaxspec.integrations.vllm.rules import RuleChoice
+    from relaxspec.integrations.vllm.serve import ServerSettings, vllm_args
+
+    spec = draft_speculative_config(dirs / "head", dirs / "target", 4, "probabilistic")
+    assert spec == {"method": "eagle", "model": str(dirs / "head"), "num_speculative_tokens": 4,
+                    "draft_sample_method": "probabilistic"}  # fmt: skip
+    assert draft_speculative_config(dirs / "target", dirs / "target", 2, "greedy")["method"] == "draft_model"
+    argv, rule = vllm_args("nsd", {"theta": 0.9}, ServerSettings(target=dirs / "target", draft=dirs / "head"))
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "eagle"
+    assert rule == RuleChoice("nsd", {"theta": 0.9})
+    other = tmp_path / "other"
+    tiny_llama(len(tok), seed=7).save_pretrained(other)
+    with pytest.raises(RelaxSpecError, match="trained for another target: its target's input embedding"):
+        draft_speculative_config(dirs / "head", other, 4, "probabilistic")
+    with pytest.raises(RelaxSpecError, match="trained for another target"):
+        vllm_args("sd", {}, ServerSettings(target=other, draft=dirs / "head"))
+
+
+def test_the_stored_fingerprint_is_the_loaded_models(dirs, eagle_target, tok, tmp_path):
+    assert stored_fingerprint(dirs / "target") == target_fingerprint(eagle_target.model)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, tie_word_embeddings=True)  # fmt: skip
+    tied = LlamaForCausalLM(config)
+    tied.save_pretrained(tmp_path / "tied")  # one tensor: the LM head is the embedding
+    assert stored_fingerprint(tmp_path / "tied") == target_fingerprint(tied)
+
+
 def test_corrupt_head_directories_fail_clearly(dirs, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -346,6 +417,13 @@ def test_corrupt_head_directories_fail_clearly(dirs, tmp_path):
         load_eagle(broken)
     with pytest.raises(RelaxSpecError, match="not a relaxspec EAGLE head"):
         load_eagle(dirs / "target")
+    old = tmp_path / "format-1"  # a head of the first format (fc([f ; e]) with a bias): retrain it
+    old.mkdir()
+    (old / "config.json").write_text(
+        json.dumps({"architectures": ["RelaxSpecEagleHead"], "relaxspec_eagle": 1})
+    )
+    with pytest.raises(RelaxSpecError, match="format version 1, this relaxspec reads 2: retrain"):
+        load_eagle(old)
 
 
 # --- the command ---------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ METHOD_FLAGS: dict[str, tuple[type, str]] = {p.name: (p.kind, p.help) for p in p
 MODEL_HELP = {
     "target": "target model directory",
     "draft": "draft model or EAGLE head directory (a causal LM is also ProVe's small verifier)",
+    "eagle": "EAGLE head directory, the drafter of drafter=eagle rows",
     "block": "block proposer directory (mars, prove, prove-lossless)",
     "diffusion": "diffusion drafter directory (sdd*)",
     "survival": "survival predictor directory (sdd-skip signal=marginal|conditional)",

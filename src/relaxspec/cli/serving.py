@@ -107,6 +107,7 @@ def serve_cmd(
             target=opts.paths.get("target"),
             draft=opts.paths.get("draft"),
             k=k,
+            paths=opts.paths,
             k_schedule=schedule,
             host=host,
             port=port,

@@ -34,6 +34,13 @@ RULE_PROPOSER = Param(
     "vLLM drafter: draft model, block proposer, or vLLM's model-free ngram / suffix",
     choices=("draft", "block", *LOOKUP_PROPOSERS),
 )
+# Which model drafts for a draft-model rule, in both engines: the draft role (--draft: a causal LM
+# or an EAGLE head) or the eagle role (--eagle, bundled models/eagle), so that one bench compares
+# draft-model and EAGLE drafting in the same run (`--set sd.drafter=draft,eagle`).
+DRAFTERS = ("draft", "eagle")
+DRAFTER = Param(
+    "drafter", str, "draft", "model role that drafts: draft (--draft) or eagle (--eagle)", choices=DRAFTERS
+)
 PROMPT_LOOKUP_MIN = Param(
     "prompt_lookup_min",
     int,
@@ -75,7 +82,7 @@ def draft_model_method(
     greedy) pair (``sampling_only``: no greedy variant on our engine)."""
 
     def build(models: ModelSet, p: Params) -> Engine:
-        target, draft = models.require("target", name), models.require("draft", name)
+        target, draft = models.require("target", name), models.require(p.drafter, name)
         sampling, greedy = rule.pair(p)
         return Engine(
             target.model,
@@ -86,9 +93,11 @@ def draft_model_method(
             k=p.k,
         )
 
-    params = declare(K, *rule.params.values())
+    params = declare(K, DRAFTER, *rule.params.values())
     row = VllmRow("draft", declare(RULE_PROPOSER, PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX))
-    return MethodSpec(name, summary, ("target", "draft"), params, build, validate, rule=rule, vllm=row)
+    return MethodSpec(
+        name, summary, ("target", "draft"), params, build, validate, optional=("eagle",), rule=rule, vllm=row
+    )
 
 
 register(

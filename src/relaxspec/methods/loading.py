@@ -27,6 +27,7 @@ def load_draft(path: Path) -> LoadedModel | LoadedEagle:
 ROLE_LOADERS: dict[str, Callable[[Path], Any]] = {
     "target": load_model,
     "draft": load_draft,
+    "eagle": load_eagle,
     "block": load_model,
     "diffusion": load_diffusion,
     "survival": SurvivalPredictor.load,

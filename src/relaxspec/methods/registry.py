@@ -20,7 +20,7 @@ from relaxspec.params import (
     resolve,
 )
 
-MODEL_ROLES = ("target", "draft", "block", "diffusion", "survival")
+MODEL_ROLES = ("target", "draft", "eagle", "block", "diffusion", "survival")
 
 
 @dataclass
@@ -29,6 +29,7 @@ class ModelSet:
 
     target: LoadedModel | None = None
     draft: LoadedModel | None = None
+    eagle: Any = None  # an EAGLE head (engine/proposers/eagle.py LoadedEagle): drafter=eagle
     block: LoadedModel | None = None
     diffusion: Any = None
     survival: Any = None
@@ -36,7 +37,8 @@ class ModelSet:
     def require(self, role: str, method: str) -> Any:
         model = getattr(self, role)
         if model is None:
-            raise RelaxSpecError(f"method {method!r} needs a {role} model")
+            article = "an" if role[0] in "aeiou" else "a"
+            raise RelaxSpecError(f"method {method!r} needs {article} {role} model")
         return model
 
 

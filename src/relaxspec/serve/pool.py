@@ -226,7 +226,9 @@ class ServingPool:
         method, params = self.resolve(method, method_params)
         # An EAGLE head reads the verifier's hidden states, which the shared batched cache does not
         # keep: such a request runs in an engine of its own, beside the batch.
-        eagle = isinstance(self.models.draft, LoadedEagle) and "draft" in get_method(method).needs
+        spec = get_method(method)
+        drafter = getattr(self.models, params.get("drafter", "draft"), None)
+        eagle = isinstance(drafter, LoadedEagle) and "draft" in spec.needs
         if self.batcher is not None and not eagle:
             with self.batcher.building() as rows:
                 engine = build_engine(method, self.models, **params)

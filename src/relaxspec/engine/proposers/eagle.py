@@ -1,11 +1,13 @@
 """EagleProposer: an EAGLE-style head drafts from the target's own hidden states (EAGLE §3).
 
-The head is one Llama decoder layer over ``fc([f_t ; e(x_{t+1})])`` (2H → H): ``f_t`` the
-target's last (normed) hidden state at position t, ``e`` the target's input embedding. Its output
-``f̂_{t+1}`` predicts the target's next feature, and the target's own LM head turns it into the law
-of ``x_{t+2}``. The head reuses the target's embedding and LM head (frozen); an export stores only
-the head's weights and a config naming the target it was trained for (hidden size, vocabulary,
-hashes of the embedding and LM head) — :func:`check_fits` refuses any other target.
+The head is EAGLE-1's: ``fc([e(x_{t+1}) ; f_t])`` (2H → H, no bias), then one Llama decoder layer
+without its input norm: ``f_t`` the target's last (normed) hidden state at position t, ``e`` the
+target's input embedding. Its output ``f̂_{t+1}`` predicts the target's next feature, and the
+target's own LM head turns it into the law of ``x_{t+2}``. The head reuses the target's embedding
+and LM head (frozen); an export stores only the head's weights, under the names vLLM's ``eagle``
+proposer loads (``fc.weight``, ``layers.0.*``: the same directory serves both engines), and a
+config naming the target it was trained for (hidden size, vocabulary, hashes of the embedding and
+LM head) — :func:`check_fits` refuses any other target.
 
 How a chain of K is drafted from the target's recorded features: :class:`EagleProposer`.
 """
@@ -30,9 +32,10 @@ from relaxspec.engine.proposers.base import Proposal
 from relaxspec.engine.proposers.rows import drafter_logits
 from relaxspec.errors import RelaxSpecError
 
-ARCHITECTURE = "RelaxSpecEagleHead"  # config.json "architectures": how a head directory is recognised
+ARCHITECTURE = "RelaxSpecEagleHead"  # format 1's "architectures" (recognised, refused with its version)
 MARKER = "relaxspec_eagle"  # config.json key: the head format's version
-FORMAT_VERSION = 1
+TARGET_KEY = "relaxspec_target"  # config.json key: the fingerprint of the target it was trained for
+FORMAT_VERSION = 2  # 2: EAGLE-1 / vLLM layout (fc([e ; f]) without bias, no input norm)
 WEIGHTS = "model.safetensors"
 
 
@@ -54,9 +57,38 @@ def target_fingerprint(target: PreTrainedModel) -> dict[str, Any]:
     }
 
 
-def check_fits(recorded: dict[str, Any], target: PreTrainedModel, where: str = "the EAGLE head") -> None:
-    """One clear error if ``target`` is not the model the head was trained on (recorded fingerprint)."""
-    actual = target_fingerprint(target)
+def stored_fingerprint(model_dir: str | Path) -> dict[str, Any]:
+    """:func:`target_fingerprint` of a model directory's safetensors, reading only its embedding
+    and LM head (for engines that load the target themselves, e.g. vLLM); tied heads share one."""
+    from safetensors import safe_open
+
+    root = Path(model_dir)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        where = {name: root / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+    else:
+        with safe_open(str(root / WEIGHTS), framework="pt") as f:
+            where = dict.fromkeys(f.keys(), root / WEIGHTS)
+    embed = next((n for n in where if n.endswith("embed_tokens.weight")), None)
+    if embed is None:
+        raise RelaxSpecError(f"{root} has no input embedding (no *embed_tokens.weight tensor)")
+    head = "lm_head.weight" if "lm_head.weight" in where else embed
+
+    def tensor(name: str) -> torch.Tensor:
+        with safe_open(str(where[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    e, h = tensor(embed), tensor(head)
+    return {"hidden_size": int(e.shape[1]), "vocab_size": int(h.shape[0]),
+            "embedding_sha256": _digest(e), "lm_head_sha256": _digest(h)}  # fmt: skip
+
+
+def check_fits(
+    recorded: dict[str, Any], target: PreTrainedModel | dict[str, Any], where: str = "the EAGLE head"
+) -> None:
+    """One clear error if ``target`` (a model, or its :func:`target_fingerprint`) is not the model
+    the head was trained on (its ``recorded`` fingerprint)."""
+    actual = target if isinstance(target, dict) else target_fingerprint(target)
     for key, what in (
         ("hidden_size", "hidden size"),
         ("vocab_size", "vocabulary size"),
@@ -69,6 +101,25 @@ def check_fits(recorded: dict[str, Any], target: PreTrainedModel, where: str = "
                 f"this target's is {actual[key]}; train a head for this target with "
                 "`relaxspec train eagle --target DIR`"
             )
+
+
+def _head_config(path: Path) -> dict[str, Any]:
+    """A head directory's config.json, its format version checked."""
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise RelaxSpecError(f"cannot load the EAGLE head from {path}: {type(err).__name__}: {err}") from None
+    if data.get(MARKER) != FORMAT_VERSION:
+        raise RelaxSpecError(
+            f"cannot load the EAGLE head from {path}: format version {data.get(MARKER)!r}, this "
+            f"relaxspec reads {FORMAT_VERSION}: retrain it with `relaxspec train eagle`"
+        )
+    return data
+
+
+def recorded_target(path: str | Path) -> dict[str, Any]:
+    """The fingerprint a head directory records of the target it was trained for."""
+    return dict(_head_config(Path(path))[TARGET_KEY])
 
 
 def head_config(target: PreTrainedModel) -> LlamaConfig:
@@ -92,16 +143,20 @@ def head_config(target: PreTrainedModel) -> LlamaConfig:
 
 
 class EagleHead(nn.Module):
-    """``f̂ = Layer(fc([f ; e]))``: features ``[B, T, H]`` and token embeddings ``[B, T, H]`` at
-    ``position_ids [B, T]`` -> predicted next features ``[B, T, H]`` (EAGLE §3.1)."""
+    """``f̂ = Layer(fc([e ; f]))``: features ``[B, T, H]`` and token embeddings ``[B, T, H]`` at
+    ``position_ids [B, T]`` -> predicted next features ``[B, T, H]`` (EAGLE §3.1). As vLLM's
+    ``EagleLlamaForCausalLM`` (``model_executor/models/llama_eagle.py``): fc without bias, the
+    layer's input norm skipped, no final norm (the target's LM head reads ``f̂`` as it is)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         config._attn_implementation = "sdpa"
         self.config = config
         H = config.hidden_size
-        self.fc = nn.Linear(2 * H, H, bias=True)
-        self.layer = LlamaDecoderLayer(config, layer_idx=0)
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        layer = LlamaDecoderLayer(config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()
+        self.layers = nn.ModuleList([layer])
         self.rotary = LlamaRotaryEmbedding(config)
 
     def forward(
@@ -113,8 +168,8 @@ class EagleHead(nn.Module):
         cache: Any = None,
     ) -> torch.Tensor:
         """``mask``: additive float ``[B|1, 1, T, S+T]`` (0 = attend) over the ``cache``'s S entries."""
-        x = self.fc(torch.cat([features.to(embeds.dtype), embeds], dim=-1))
-        return self.layer(
+        x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))
+        return self.layers[0](
             x,
             attention_mask=mask.to(x.dtype),
             position_ids=position_ids,
@@ -150,22 +205,24 @@ def is_eagle_dir(path: str | Path) -> bool:
 
 
 def save_eagle(head: EagleHead, target: PreTrainedModel, out_dir: str | Path) -> Path:
-    """Write the head's weights (bf16) and a config naming its target; nothing of the target."""
+    """Write the head's weights (bf16) and its config, nothing of the target.
+
+    config.json is the head layer's Llama config, as vLLM's ``eagle`` proposer reads it
+    (``architectures: ["LlamaForCausalLM"]``, which vLLM maps to ``EagleLlamaForCausalLM``), plus
+    :data:`MARKER` (the format's version) and :data:`TARGET_KEY` (the target's fingerprint)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     weights = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in head.state_dict().items()}
-    save_file(weights, str(out / WEIGHTS))
-    config = {
-        "architectures": [ARCHITECTURE],
-        MARKER: FORMAT_VERSION,
-        "model_type": "relaxspec-eagle",
-        "head": {k: v for k, v in head.config.to_dict().items() if not k.startswith("_")},
-        "target": target_fingerprint(target),
-        **{k: getattr(head.config, k) for k in ("hidden_size", "intermediate_size", "vocab_size")},
-        "num_hidden_layers": 1,
-        "num_attention_heads": head.config.num_attention_heads,
-        "max_position_embeddings": head.config.max_position_embeddings,
-    }
+    save_file(weights, str(out / WEIGHTS), metadata={"format": "pt"})
+    config = {k: v for k, v in head.config.to_dict().items() if not k.startswith("_")}
+    config.update(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        num_hidden_layers=1,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    config.update({MARKER: FORMAT_VERSION, TARGET_KEY: target_fingerprint(target)})
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
 
@@ -177,13 +234,12 @@ def load_eagle(path: str | Path) -> LoadedEagle:
         raise RelaxSpecError(f"model directory not found: {p}")
     if not is_eagle_dir(p):
         raise RelaxSpecError(f"{p} is not a relaxspec EAGLE head (its config.json lacks {MARKER})")
+    data = _head_config(p)
     try:
-        data = json.loads((p / "config.json").read_text())
-        if data[MARKER] != FORMAT_VERSION:
-            raise ValueError(f"format version {data[MARKER]!r}, this relaxspec reads {FORMAT_VERSION}")
-        head = EagleHead(LlamaConfig(**data["head"]))
+        target = dict(data.pop(TARGET_KEY))
+        layer = {k: v for k, v in data.items() if k not in (MARKER, "architectures", "dtype", "model_type")}
+        head = EagleHead(LlamaConfig(**layer))
         head.load_state_dict({k: v.float() for k, v in load_file(str(p / WEIGHTS)).items()})
-        target = dict(data["target"])
     except Exception as err:
         raise RelaxSpecError(f"cannot load the EAGLE head from {p}: {type(err).__name__}: {err}") from None
     return LoadedEagle(head.eval(), target, p)

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.core.sampling import check_temperature, check_top_p
+from relaxspec.engine.proposers.eagle import is_eagle_dir
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations import vllm as plugin
+from relaxspec.integrations.vllm.drafts import draft_speculative_config
 from relaxspec.integrations.vllm.hooks import make_llvmlite_scannable
 from relaxspec.integrations.vllm.lookup import check_prompt_lookup, lookup_speculative_config
 from relaxspec.integrations.vllm.rules import PARAM_KEYS, RULE_NAMES, RuleChoice, canonical, default_env
@@ -231,8 +233,8 @@ def _speculative_arguments(s: VLLMEngineSettings, target: Path, draft: Path | No
     if s.role is None:  # vLLM's ngram / suffix: drafts without probabilities
         spec = lookup_speculative_config(s.proposer, s.k, *s.lookup_window)
     elif s.proposer == "draft":
-        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": s.k}
-        spec["draft_sample_method"] = sample_method
+        assert draft is not None
+        spec = draft_speculative_config(draft, target, s.k, sample_method)
     else:
         assert draft is not None
         if s.proposer in ("block", "block-cache", "block-fused"):
@@ -293,6 +295,8 @@ class VLLMEngine:
         self.proposer = s.proposer if s.method != "ar" else None
         self.k = s.k if s.method != "ar" else 0
         self.target, self.draft = model_dirs(s)
+        if self.proposer == "draft" and self.draft is not None and is_eagle_dir(self.draft):
+            self.proposer = "eagle"  # vLLM's eagle proposer (.drafts)
         multiprocessing = s.multiprocessing
         if multiprocessing is None:
             multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1"

@@ -231,13 +231,18 @@ def engine_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None
         return _diffusion_plan(p, paths or {})
     assert spec.rule is not None
     rule_params = _rule_params(spec.rule.name, p)
-    proposer = p.get("proposer", "draft")
+    proposer, drafter = p.get("proposer", "draft"), p.get("drafter", "draft")
     lookup = _lookup_options(proposer, p)
+    if drafter != "draft" and proposer != "draft":
+        raise RelaxSpecError(
+            f"drafter={drafter} drafts with a model of that role (vLLM's draft-model or eagle proposer): "
+            f"it takes proposer=draft, got proposer={proposer!r}"
+        )
     if proposer == "block":  # MARS-drafted: parallel drafting against the target
         return EnginePlan(spec.rule.name, rule_params, "block", p["k"], "target", "block")
     if proposer in LOOKUP_PROPOSERS:  # vLLM's model-free proposers: q one-hot at the draft
         return EnginePlan(spec.rule.name, rule_params, proposer, p["k"], "target", None, lookup)
-    return EnginePlan(spec.rule.name, rule_params, "draft", p["k"])
+    return EnginePlan(spec.rule.name, rule_params, "draft", p["k"], "target", drafter)
 
 
 def _lookup_options(proposer: str, p: Mapping[str, Any]) -> dict[str, Any]:

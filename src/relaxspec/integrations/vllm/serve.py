@@ -34,10 +34,11 @@ from relaxspec.data.chat import STOP
 from relaxspec.errors import RelaxSpecError, check_int
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm import guard, proposers
+from relaxspec.integrations.vllm.drafts import draft_speculative_config
 from relaxspec.integrations.vllm.lookup import check_prompt_lookup, lookup_speculative_config
 from relaxspec.integrations.vllm.rejection import ENV_STATS_DIR
 from relaxspec.integrations.vllm.rules import RuleChoice, canonical, default_env
-from relaxspec.methods import LOOKUP_PROPOSERS
+from relaxspec.methods import DRAFTERS, LOOKUP_PROPOSERS
 from relaxspec.models import model_dir
 from relaxspec.params import DEFAULT_K
 
@@ -174,22 +175,20 @@ def vllm_args(
         target_dir, spec_argv, choice = runners.proposer_spec_args(method, params, where, s.k_schedule)
         return _server_args(s, target_dir) + spec_argv + list(s.extra), choice
     name = "ar" if method == "ar" else canonical(method)
-    proposer, window, params = drafter_options(params)
+    proposer, drafter, window, params = drafter_options(params)
     rule = None if name == "ar" else RuleChoice(name, params)
-    if name == "ar" and (params or proposer != "draft" or any(window)):
+    if name == "ar" and (params or proposer != "draft" or drafter != "draft" or any(window)):
         raise RelaxSpecError("method 'ar' takes no rule parameters")
     check_int("k", s.k, 1)
-    argv = _server_args(s, model_dir("target", s.target, "serve --engine vllm"))
+    target = model_dir("target", s.target, "serve --engine vllm")
+    argv = _server_args(s, target)
     if rule is not None:
         if proposer in LOOKUP_PROPOSERS:  # vLLM's ngram / suffix: no draft model
             spec = lookup_speculative_config(proposer, s.k, *window)
-        else:
-            spec = {
-                "method": "draft_model",
-                "model": str(model_dir("draft", s.draft, "serve --engine vllm")),
-                "num_speculative_tokens": s.k,
-                "draft_sample_method": "greedy" if s.stock else "probabilistic",
-            }
+        else:  # a causal LM (draft_model) or an EAGLE head (eagle)
+            given = s.draft if drafter == "draft" else s.paths.get(drafter)
+            draft = model_dir(drafter, given, "serve --engine vllm")
+            spec = draft_speculative_config(draft, target, s.k, "greedy" if s.stock else "probabilistic")
         proposers.add_k_schedule(spec, s.k_schedule)
         argv += ["--speculative-config", json.dumps(spec)]
     return argv + list(s.extra), rule
@@ -207,18 +206,24 @@ def _server_args(s: ServerSettings, target_dir: Path) -> list[str]:
 
 def drafter_options(
     params: dict[str, Any],
-) -> tuple[str, tuple[int | None, int | None], dict[str, Any]]:
+) -> tuple[str, str, tuple[int | None, int | None], dict[str, Any]]:
     """A rule row's drafter options — ``proposer`` (``draft``, or vLLM's model-free ``ngram`` /
-    ``suffix``) and the n-gram window (checked, :mod:`.lookup`) — and the rule's own parameters."""
+    ``suffix``), ``drafter`` (the model role that drafts: ``draft`` or ``eagle``) and the n-gram
+    window (checked, :mod:`.lookup`) — and the rule's own parameters."""
     rest = dict(params)
     proposer = rest.pop("proposer", "draft")
+    drafter = rest.pop("drafter", "draft")
+    if drafter not in DRAFTERS:
+        raise RelaxSpecError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+    if drafter != "draft" and proposer != "draft":
+        raise RelaxSpecError(f"drafter={drafter} takes proposer=draft, got proposer={proposer!r}")
     lo, hi = rest.pop("prompt_lookup_min", None), rest.pop("prompt_lookup_max", None)
     if proposer not in ("draft", *LOOKUP_PROPOSERS):
         raise RelaxSpecError(
             f"serve --engine vllm takes proposer=draft, ngram or suffix, got {proposer!r} "
             "(proposer=block runs in generate and bench)"
         )
-    return proposer, check_prompt_lookup(proposer, lo, hi), rest
+    return proposer, drafter, check_prompt_lookup(proposer, lo, hi), rest
 
 
 @contextlib.contextmanager
