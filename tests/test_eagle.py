@@ -329,6 +329,9 @@ def test_drafter_picks_the_draft_model_or_the_eagle_head_in_one_model_set(dirs, 
     assert runners.engine_plan("sd", runners.resolve("sd", {})).proposer_role == "draft"
     with pytest.raises(RelaxSpecError, match=r"drafter=eagle .* takes proposer=draft"):
         runners.engine_plan("sd", runners.resolve("sd", {"drafter": "eagle", "proposer": "ngram"}))
+    peer = runners.row_plan("vllm-eagle", runners.resolve("vllm-eagle", {"k": 3}), {})  # stock vLLM EAGLE
+    assert peer.stock and (peer.proposer_role, peer.k) == ("eagle", 3)
+    assert runners.serve_command("vllm-eagle")[-5:] == ["--method", "sd", "--stock", "--drafter", "eagle"]
 
 
 def test_a_head_for_another_target_is_one_clear_error(dirs, tok, cli, tmp_path):

@@ -45,7 +45,8 @@ BAD = [
 
 def test_presets_build_the_rules():
     assert resolve_params("topk-delta", {}) == {"k": DEFAULT_K, "drafter": "draft", "top_n": 3, "delta": 0.1}
-    assert resolve_params("threshold", {"single": 0.3}) == {"k": DEFAULT_K, "drafter": "draft", "single": 0.3, "acc": 1.0}
+    threshold = {"k": DEFAULT_K, "drafter": "draft", "single": 0.3, "acc": 1.0}
+    assert resolve_params("threshold", {"single": 0.3}) == threshold
     assert resolve_params("fly", {"window": 3})["window"] == 3
 
 

@@ -4,7 +4,7 @@ Our methods through vLLM and the plugin (``ar``, ``sd``, ``nsd``, ``topk``, ``ty
 ``lenience``, …), on vLLM's draft-model proposer or on its model-free ``ngram`` / ``suffix``
 proposers (``--set proposer=ngram``; :mod:`.lookup`, one-hot ``q``), ProVe and SDD with our
 proposers inside vLLM (``prove-lossless``, ``prove``, ``sdd``; :mod:`.proposers`), and the stock
-peers ``vllm-ar``, ``vllm-sd`` and (when named) ``vllm-ngram`` (plugin out). ``mars``,
+peers ``vllm-ar``, ``vllm-sd`` and (when named) ``vllm-ngram`` and ``vllm-eagle`` (plugin out). ``mars``,
 ``sdd-skip`` and ``sdd-periodic`` skip the verifier and stay in relaxspec's engine. Every rule at
 one ``k`` shares one engine (the rule is a per-request argument), so a θ grid costs one engine; a
 runner records the same counters as our engine (:class:`relaxspec.engine.stats.GenerationStats`
@@ -54,6 +54,7 @@ PEERS: dict[str, Mapping[str, Param]] = {
     "vllm-ar": declare(),
     "vllm-sd": declare(K),
     "vllm-ngram": declare(K),
+    "vllm-eagle": declare(K),
 }
 PEER_EXTRAS = {
     "vllm-ar": declare(Param("model", str, "target", "the AR model's role", choices=AR_MODELS)),
@@ -68,11 +69,13 @@ PEER_NEEDS: dict[str, tuple[str, ...]] = {
     "vllm-ar": ("target",),
     "vllm-sd": ("target", "draft"),
     "vllm-ngram": ("target",),
+    "vllm-eagle": ("target", "eagle"),
 }
 PEER_SUMMARY = {
     "vllm-ar": "stock vLLM (relaxspec plugin disabled), autoregressive",
     "vllm-sd": "stock vLLM (relaxspec plugin disabled), draft-model speculative decoding, k drafts",
     "vllm-ngram": "stock vLLM (relaxspec plugin disabled), ngram (prompt lookup) speculative decoding",
+    "vllm-eagle": "stock vLLM (relaxspec plugin disabled), EAGLE speculative decoding, eagle role",
 }
 
 
@@ -261,6 +264,8 @@ def row_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None = 
         return EnginePlan("sd", {}, "draft", p["k"], stock=True)
     if name == "vllm-ngram":
         return EnginePlan("sd", {}, "ngram", p["k"], "target", None, _lookup_options("ngram", p), stock=True)
+    if name == "vllm-eagle":
+        return EnginePlan("sd", {}, "draft", p["k"], "target", "eagle", stock=True)
     return engine_plan(name, p, paths)
 
 
@@ -480,12 +485,14 @@ def serve_command(method: str, extra: Sequence[str] = ()) -> list[str]:
     import sys
 
     stock = is_peer(method)
-    kind = {"vllm-ar": "ar", "vllm-sd": "sd", "vllm-ngram": "sd"}.get(method, method)
+    kind = {"vllm-ar": "ar", "vllm-sd": "sd", "vllm-ngram": "sd", "vllm-eagle": "sd"}.get(method, method)
     command = [sys.executable, "-m", "relaxspec.integrations.vllm.serve", "--method", kind]
     if stock:
         command.append("--stock")
     if method == "vllm-ngram":
         command += ["--proposer", "ngram"]
+    if method == "vllm-eagle":
+        command += ["--drafter", "eagle"]
     return command + list(extra)
 
 
