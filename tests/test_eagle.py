@@ -131,6 +131,31 @@ def test_greedy_eagle_sd_is_token_identical_to_greedy_ar(tok, head, kernels):
     assert accepted > len(PROMPTS) * 8  # the trained head's drafts are mostly accepted
 
 
+@pytest.mark.parametrize("kernels,tol", [("packed", 1e-4), ("packed-bf16", 0.1)])
+def test_the_packed_head_computes_the_heads_forward(tok, head, kernels, tol):
+    """A target on packed kernels drafts with the head packed on the same weights: the module's
+    forward up to summation order (fp32) or bf16 rounding of the products."""
+    from relaxspec.engine.kv import new_cache
+    from relaxspec.engine.proposers.eagle import PackedEagleHead, causal_mask
+
+    target = copy.deepcopy(tiny_llama(len(tok), seed=0, logit_scale=4.0))
+    attach(target, kernels)
+    packed = EagleProposer(head, target).forward
+    assert isinstance(packed, PackedEagleHead)
+    torch.manual_seed(0)
+    features, embeds = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    with torch.inference_mode():
+        caches = new_cache(head), new_cache(head)
+        a = head(features[:, :3], embeds[:, :3], torch.arange(3)[None], causal_mask(3), caches[0])
+        b = packed(features[:, :3], embeds[:, :3], torch.arange(3)[None], causal_mask(3), caches[1])
+        torch.testing.assert_close(b, a, atol=tol, rtol=tol)
+        # a second call attends over the cache the first filled
+        a = head(features[:, 3:], embeds[:, 3:], torch.arange(3, 5)[None], causal_mask(2, 3), caches[0])
+        b = packed(features[:, 3:], embeds[:, 3:], torch.arange(3, 5)[None], causal_mask(2, 3), caches[1])
+        torch.testing.assert_close(b, a, atol=tol, rtol=tol)
+    assert EagleProposer(head, tiny_llama(len(tok), seed=0)).forward is head  # transformers' forward
+
+
 class Recording:
     """Wraps a proposer; keeps every ``(ids, proposal)`` it made."""
 

@@ -177,7 +177,7 @@ class Int8Linear:
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def _linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLinear | Int8Linear:
+def packed_linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLinear | Int8Linear:
     """The product of ``linears`` (fused) on ``weights`` = ``fp32``, ``bf16`` or ``int8``."""
     if weights == "int8":
         return Int8Linear(linears)
@@ -185,16 +185,66 @@ def _linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLinear | 
 
 
 @dataclass
-class _PackedLayer:
+class PackedLayer:
     qkv: PackedLinear | Int8Linear
     o: PackedLinear | Int8Linear
     gate_up: PackedLinear | Int8Linear
     down: PackedLinear | Int8Linear
-    attn_norm: torch.Tensor  # [hidden] float32 RMSNorm weights
+    attn_norm: torch.Tensor | None  # [hidden] float32 RMSNorm weights (None: no input norm, EAGLE-1)
     mlp_norm: torch.Tensor
 
+    @classmethod
+    def of(cls, layer: torch.nn.Module, weights: str) -> PackedLayer:
+        """A transformers Llama decoder layer's products packed on ``weights``."""
+        norm = getattr(layer.input_layernorm, "weight", None)  # an nn.Identity has none
+        return cls(
+            qkv=packed_linear([getattr(layer.self_attn, f"{x}_proj") for x in "qkv"], weights),
+            o=packed_linear([layer.self_attn.o_proj], weights),
+            gate_up=packed_linear([layer.mlp.gate_proj, layer.mlp.up_proj], weights),
+            down=packed_linear([layer.mlp.down_proj], weights),
+            attn_norm=None if norm is None else norm.detach().float(),
+            mlp_norm=layer.post_attention_layernorm.weight.detach().float(),
+        )
 
-class PackedForward:
+
+class PackedLayers:
+    """The attention geometry of packed decoder layers and one layer's step (shared by
+    :class:`PackedForward` and the EAGLE head's packed forward)."""
+
+    def __init__(self, config, weights: str) -> None:
+        self.weights = weights  # "fp32", "bf16" or "int8" (WEIGHTS)
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = float(config.rms_norm_eps)
+
+    def layer(
+        self, layer: PackedLayer, x: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask
+    ) -> torch.Tensor:
+        """One decoder layer on the residual stream ``x float32[B, T, hidden]``; appends to the cache."""
+        h = x if layer.attn_norm is None else F.rms_norm(x, x.shape[-1:], layer.attn_norm, self.eps)
+        x = x + layer.o(self._attention(layer.qkv(h), cache_layer, cos, sin, mask))
+        h = F.rms_norm(x, x.shape[-1:], layer.mlp_norm, self.eps)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        return x + layer.down(F.silu(gate) * up)
+
+    def _attention(
+        self, qkv: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask
+    ) -> torch.Tensor:
+        """``qkv[B, T, (H + 2·Hkv)·D]`` → attention output ``[B, T, H·D]``; appends k/v to the cache."""
+        B, T, _ = qkv.shape
+        D = self.head_dim
+        q, k, v = qkv.split([self.heads * D, self.kv_heads * D, self.kv_heads * D], dim=-1)
+        q = _rotate(q.view(B, T, self.heads, D).transpose(1, 2), cos, sin)
+        k = _rotate(k.view(B, T, self.kv_heads, D).transpose(1, 2), cos, sin)
+        keys, values = cache_layer.update(k, v.view(B, T, self.kv_heads, D).transpose(1, 2))
+        out = F.scaled_dot_product_attention(
+            q, keys.float(), values.float(), attn_mask=mask, enable_gqa=self.kv_heads != self.heads
+        )
+        return out.transpose(1, 2).reshape(B, T, self.heads * D)
+
+
+class PackedForward(PackedLayers):
     """The decoding forward of one Llama-family model on packed weights.
 
     What it computes is transformers' Llama forward (RMSNorm → fused qkv → rotary → attention over
@@ -210,28 +260,13 @@ class PackedForward:
     """
 
     def __init__(self, model: PreTrainedModel, weights: str = "bf16") -> None:
-        config = model.config
-        self.weights = weights  # "fp32", "bf16" or "int8" (WEIGHTS)
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = float(config.rms_norm_eps)
+        super().__init__(model.config, weights)
         base = model.model
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
         self.norm = base.norm.weight.detach().float()
-        self.lm_head = _linear([model.lm_head], weights)
-        self.layers = [
-            _PackedLayer(
-                qkv=_linear([getattr(layer.self_attn, f"{x}_proj") for x in "qkv"], weights),
-                o=_linear([layer.self_attn.o_proj], weights),
-                gate_up=_linear([layer.mlp.gate_proj, layer.mlp.up_proj], weights),
-                down=_linear([layer.mlp.down_proj], weights),
-                attn_norm=layer.input_layernorm.weight.detach().float(),
-                mlp_norm=layer.post_attention_layernorm.weight.detach().float(),
-            )
-            for layer in base.layers
-        ]
+        self.lm_head = packed_linear([model.lm_head], weights)
+        self.layers = [PackedLayer.of(layer, weights) for layer in base.layers]
 
     def __call__(
         self,
@@ -278,32 +313,13 @@ class PackedForward:
         else:
             mask = self._mask(B, T, past, attention_mask)
         for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, x.shape[-1:], layer.attn_norm, self.eps)
-            x = x + layer.o(self._attention(layer.qkv(h), cache.layers[index], cos, sin, mask))
-            h = F.rms_norm(x, x.shape[-1:], layer.mlp_norm, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = self.layer(layer, x, cache.layers[index], cos, sin, mask)
         keep = T if keep is None else keep
         return F.rms_norm(x[:, T - keep :], x.shape[-1:], self.norm, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on ``hidden[..., hidden_size]`` -> float32 logits ``[..., V]``."""
         return self.lm_head(hidden)
-
-    def _attention(
-        self, qkv: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask
-    ) -> torch.Tensor:
-        """``qkv[B, T, (H + 2·Hkv)·D]`` → attention output ``[B, T, H·D]``; appends k/v to the cache."""
-        B, T, _ = qkv.shape
-        D = self.head_dim
-        q, k, v = qkv.split([self.heads * D, self.kv_heads * D, self.kv_heads * D], dim=-1)
-        q = _rotate(q.view(B, T, self.heads, D).transpose(1, 2), cos, sin)
-        k = _rotate(k.view(B, T, self.kv_heads, D).transpose(1, 2), cos, sin)
-        keys, values = cache_layer.update(k, v.view(B, T, self.kv_heads, D).transpose(1, 2))
-        out = F.scaled_dot_product_attention(
-            q, keys.float(), values.float(), attn_mask=mask, enable_gqa=self.kv_heads != self.heads
-        )
-        return out.transpose(1, 2).reshape(B, T, self.heads * D)
 
     @staticmethod
     def _mask(B: int, T: int, past: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:

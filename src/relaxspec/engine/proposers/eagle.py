@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from relaxspec.core.sampling import SamplingParams, processed_probs, sample
 from relaxspec.engine.kv import CachedLM, new_cache
+from relaxspec.engine.packed import PackedLayer, PackedLayers, packed_forward, packed_linear
 from relaxspec.engine.proposers.base import Proposal
 from relaxspec.engine.proposers.rows import drafter_logits
 from relaxspec.errors import RelaxSpecError
@@ -179,6 +180,37 @@ class EagleHead(nn.Module):
         )
 
 
+class PackedEagleHead(PackedLayers):
+    """:class:`EagleHead`'s forward on packed weights (engine/packed.py), for a target whose own
+    forwards run packed: fc and the layer's products on ``weights`` (``fp32``/``bf16``/``int8``),
+    the residual stream, norm, rotary and attention in float32. Same arguments and result."""
+
+    def __init__(self, head: EagleHead, weights: str) -> None:
+        super().__init__(head.config, weights)
+        self.fc = packed_linear([head.fc], weights)
+        self.block = PackedLayer.of(head.layers[0], weights)
+        self.rotary = head.rotary
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        features: torch.Tensor,
+        embeds: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: Any,
+    ) -> torch.Tensor:
+        x = self.fc(torch.cat([embeds.float(), features.float()], dim=-1))  # [B, T, H] float32
+        cos, sin = self.rotary(x, position_ids)
+        return self.layer(self.block, x, cache.layers[0], cos[:, None].float(), sin[:, None].float(), mask)
+
+
+def head_forward(head: EagleHead, target: PreTrainedModel) -> Any:
+    """What runs the head: packed like its target's forwards (same weights), else the module."""
+    packed = packed_forward(target)
+    return head if packed is None else PackedEagleHead(head, packed.weights)
+
+
 def causal_mask(T: int, past: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Additive ``[1, 1, T, past+T]``: new position i sees the ``past`` cached ones and new ones ≤ i."""
     allowed = torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]
@@ -274,6 +306,7 @@ class EagleProposer:
         if head.config.hidden_size != target.get_input_embeddings().weight.shape[1]:
             raise RelaxSpecError("the EAGLE head's hidden size differs from the target's")
         self.head, self.target = head, target
+        self.forward = head_forward(head, target)  # packed where the target's forwards are
         self.cache = new_cache(head)
         self.real = 0  # leading head positions computed from the target's real features
         self.features: CachedLM | None = None  # the verifier's model, recording hidden states
@@ -302,7 +335,7 @@ class EagleProposer:
         T = tokens.shape[1]
         past = self.cache.get_seq_length()
         embeds = self.target.get_input_embeddings()(tokens)
-        out = self.head(
+        out = self.forward(
             features, embeds, torch.arange(start, start + T)[None], causal_mask(T, past), self.cache
         )
         self.calls += 1
