@@ -43,12 +43,14 @@ from relaxspec.eval.peers import (
     Runner,
     hf_runner,
     is_peer,
+    llamacpp_runner,
     runner_needs,
     runner_optional,
 )
 from relaxspec.eval.records import ResultsStore, model_fingerprint
 from relaxspec.eval.rows import Cell, Row, build_rows, display_labels, references
 from relaxspec.eval.tables import print_table, write_outputs
+from relaxspec.integrations import llamacpp
 from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, build_engine, load_role
 from relaxspec.models import bundled, model_dir
@@ -176,6 +178,8 @@ def make_runner(
         if pool is None:
             raise RelaxSpecError("vLLM rows need an engine pool")
         return vllm_runners.runner(cell.method, cell.params, sampling, pool)
+    if llamacpp.is_peer(cell.method):
+        return llamacpp_runner(cell.method, cell.params, models, sampling)
     if is_peer(cell.method):
         return hf_runner(cell.method, cell.params, models, sampling)
     return _engine_runner(cell.method, cell.params, models, sampling, collect)
@@ -386,6 +390,7 @@ def run_bench(config: BenchConfig, extra_cells: Sequence[Cell] = ()) -> dict[str
     try:
         rows = _run_grid(config, cells, examples, store, models, session, pending, need_ref, pool)
     finally:
+        llamacpp.close_all()
         if pool is not None:
             pool.close()  # before the table: vLLM's shutdown log must not follow (bury) it
     grid = {c.key for c in cells}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec.errors import RelaxSpecError
-from relaxspec.eval.peers import PEERS, is_peer, resolve_runner, runner_params
+from relaxspec.eval.peers import is_peer, peer_names, resolve_runner, runner_params
 from relaxspec.eval.rows import Cell
 from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import get_method
@@ -119,7 +119,7 @@ def expand_grid(
             get_method(name)
     for name in peers:
         if not is_peer(name):
-            raise RelaxSpecError(f"unknown peer {name!r}; choose from {', '.join(PEERS)}")
+            raise RelaxSpecError(f"unknown peer {name!r}; choose from {', '.join(peer_names())}")
     runners = list(dict.fromkeys(["ar", *methods, *peers]))
     for method in sets:
         if method is not None and method not in runners:

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase, StoppingCriteria, StoppingCrit
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.errors import RelaxSpecError, check_int, check_real
 from relaxspec.eval.datasets import Example, truncate
+from relaxspec.integrations import llamacpp
 from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, get_method, resolve_params
 from relaxspec.models import LoadedModel
@@ -78,13 +79,20 @@ PEERS: dict[str, PeerSpec] = {
 
 
 def is_peer(name: str) -> bool:
-    """Hugging Face peers and the stock-vLLM peers (``vllm-ar``, ``vllm-sd``; --engine vllm)."""
-    return name in PEERS or vllm_runners.is_peer(name)
+    """Hugging Face peers, the stock-vLLM peers (``vllm-ar``, ``vllm-sd``; --engine vllm) and
+    llama.cpp's (``llamacpp-ar``, ``llamacpp-sd``)."""
+    return name in PEERS or vllm_runners.is_peer(name) or llamacpp.is_peer(name)
+
+
+def peer_names() -> list[str]:
+    return [*PEERS, *vllm_runners.PEERS, *llamacpp.PEERS]
 
 
 def runner_needs(name: str) -> tuple[str, ...]:
     if vllm_runners.is_peer(name):
         return vllm_runners.PEER_NEEDS[name]
+    if llamacpp.is_peer(name):
+        return ("target",)  # its tokenizer checks that the GGUF tokenizes each prompt alike
     return PEERS[name].needs if is_peer(name) else get_method(name).needs
 
 
@@ -97,6 +105,8 @@ def runner_params(name: str) -> dict[str, Any]:
     """Parameter names and defaults of a method preset or a peer (unknown name: clear error)."""
     if vllm_runners.is_peer(name):
         return vllm_runners.row_defaults(name)
+    if llamacpp.is_peer(name):
+        return llamacpp.PEERS[name]
     return PEERS[name].params if is_peer(name) else get_method(name).defaults
 
 
@@ -104,6 +114,8 @@ def resolve_runner(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """Validated parameters of a method preset (:func:`resolve_params`) or a peer."""
     if vllm_runners.is_peer(name):
         return vllm_runners.resolve(name, params)
+    if llamacpp.is_peer(name):
+        return llamacpp.resolve(name, params)
     if not is_peer(name):
         return resolve_params(name, params)
     spec = PEERS[name]
@@ -123,6 +135,8 @@ def family(name: str) -> str:
     """Method family for grouping in tables and plots, from the models a method needs."""
     if vllm_runners.is_peer(name):
         return "vllm (stock)"
+    if llamacpp.is_peer(name):
+        return "llama.cpp"
     if is_peer(name):
         return "hugging face"
     try:
@@ -198,6 +212,29 @@ def hf_runner(name: str, params: dict[str, Any], models: ModelSet, sampling: Sam
             new.pop()
         text = truncate(tok.decode(new, skip_special_tokens=True), ex.stop)
         return {"tokens": new, "text": text, "seconds": seconds, "stats": None}
+
+    return run
+
+
+def llamacpp_runner(name: str, params: dict[str, Any], models: ModelSet, sampling: SamplingParams) -> Runner:
+    """A llama.cpp peer (:mod:`relaxspec.integrations.llamacpp`) on the same prompts, budget and
+    stop strings; each prompt must tokenize as our tokenizer does (else the rows would differ)."""
+    target: LoadedModel = models.require("target", name)
+    tok = target.tokenizer
+    server = llamacpp.server(llamacpp.spec_of(name, params), target.context_length)
+
+    def run(ex: Example, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
+        ids = tok(ex.prompt)["input_ids"]
+        if server.tokenize(ex.prompt) != ids:
+            raise RelaxSpecError(
+                f"{name}: the GGUF tokenizes prompt {ex.id!r} differently from the target's tokenizer "
+                "(rebuild the GGUFs with scripts/llamacpp_peer.sh from the same models)"
+            )
+        budget = min(max_new_tokens or sampling.max_new_tokens, target.context_length - len(ids))
+        if budget < 1:
+            raise RelaxSpecError(f"the prompt has {len(ids)} tokens; the context window is full")
+        out = server.complete(ex.prompt, budget, sampling, seed, tuple(ex.stop or ()))
+        return {**out, "text": truncate(out["text"], ex.stop)}
 
     return run
 
