@@ -25,7 +25,16 @@ if [ ! -x "$DIR/bin/llama-server" ]; then
     python -m pip download --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$DIR/src"
     tar xzf "$DIR/src/llama_cpp_python-$VERSION.tar.gz" -C "$DIR/src"
   fi
-  cmake -S "$SRC" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  # Not GGML_NATIVE: -march=native turns on AMX where the CPU lists it, and a VM that lists AMX
+  # without enabling its tile state kills llama-server with SIGILL in the Q8_0 kernels
+  # (tilezero in tinygemm_kernel_amx, found with gdb on this machine). AVX-512 where it exists.
+  isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+  if grep -q avx512f /proc/cpuinfo; then
+    isa+=(-DGGML_AVX512=ON)
+    for f in vbmi vnni bf16; do grep -q "avx512_\?$f" /proc/cpuinfo && isa+=("-DGGML_AVX512_${f^^}=ON"); done
+  fi
+  grep -q avx_vnni /proc/cpuinfo && isa+=(-DGGML_AVX_VNNI=ON)
+  cmake -S "$SRC" -B "$SRC/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF
   cmake --build "$SRC/build" --target llama-server -j "$JOBS"
   cp "$SRC/build/bin/llama-server" "$DIR/bin/"  # static: it runs from anywhere

@@ -51,7 +51,13 @@ class Handler(BaseHTTPRequestHandler):
             self.reply({"tokens": [i + SHIFT for i in ids]})
             return
         log({"completion": body})
-        tokens = TOKENIZER(CONTINUATION, add_special_tokens=False)["input_ids"][: body["n_predict"]]
+        tokens = TOKENIZER(CONTINUATION, add_special_tokens=False)["input_ids"]
+        # llama.cpp's tokens end with the EOS it stopped at, if it stopped before the budget
+        tokens = (
+            tokens[: body["n_predict"]]
+            if len(tokens) >= body["n_predict"]
+            else [*tokens, TOKENIZER.eos_token_id]
+        )
         self.reply({
             "content": TOKENIZER.decode(tokens),
             "tokens": tokens,

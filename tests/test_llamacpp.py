@@ -72,6 +72,16 @@ def test_bench_rows_of_llamacpp_ar_and_sd(build, tmp_path):
     assert all(b["stop"] == ["\nQuestion:"] for b in bodies[2:])  # the dataset's stop strings
 
 
+def test_the_eos_llamacpp_stopped_at_is_not_a_generated_token(build, tmp_path):
+    from transformers import AutoTokenizer
+
+    continuation = AutoTokenizer.from_pretrained(bundled("target"))(" 12\n#### 12", add_special_tokens=False)
+    config = BenchConfig(methods=["ar"], peers=["llamacpp-ar"], sets=[f"llamacpp-ar.dir={build}"], limit=1,
+                         max_new_tokens=64, out=str(tmp_path / "out"), progress=False)  # fmt: skip
+    row = next(r for r in run_bench(config)["rows"] if r["method"] == "llamacpp-ar")
+    assert row["errors"] == 0 and row["new_tokens"] == len(continuation["input_ids"])
+
+
 def test_a_gguf_that_tokenizes_differently_fails_its_rows(build, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_LLAMA_SHIFT", "1")
     config = BenchConfig(methods=["ar"], peers=["llamacpp-ar"], sets=[f"llamacpp-ar.dir={build}"], limit=1,

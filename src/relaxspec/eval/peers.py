@@ -222,6 +222,8 @@ def llamacpp_runner(name: str, params: dict[str, Any], models: ModelSet, samplin
     target: LoadedModel = models.require("target", name)
     tok = target.tokenizer
     server = llamacpp.server(llamacpp.spec_of(name, params), target.context_length)
+    eos = target.model.generation_config.eos_token_id or tok.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
 
     def run(ex: Example, seed: int, max_new_tokens: int | None = None) -> dict[str, Any]:
         ids = tok(ex.prompt)["input_ids"]
@@ -234,7 +236,10 @@ def llamacpp_runner(name: str, params: dict[str, Any], models: ModelSet, samplin
         if budget < 1:
             raise RelaxSpecError(f"the prompt has {len(ids)} tokens; the context window is full")
         out = server.complete(ex.prompt, budget, sampling, seed, tuple(ex.stop or ()))
-        return {**out, "text": truncate(out["text"], ex.stop)}
+        tokens = out["tokens"]
+        while tokens and tokens[-1] in eos_ids:  # llama.cpp returns the EOS it stopped at
+            tokens.pop()
+        return {**out, "tokens": tokens, "text": truncate(out["text"], ex.stop)}
 
     return run
 
