@@ -1,7 +1,7 @@
 """``relaxspec train eagle``: an EAGLE-style head for a target, trained on its own hidden states.
 
 The head (:class:`~relaxspec.engine.proposers.eagle.EagleHead`: one Llama decoder layer over
-``fc([f_t ; e(x_{t+1})])``) learns to extrapolate the target's last hidden state (EAGLE §3.2).
+``fc([e(x_{t+1}) ; f_t])``) learns to extrapolate the target's last hidden state (EAGLE §3.2).
 For a window ``x_0 .. x_{T−1}`` the frozen target gives ``f_0 .. f_{T−1}`` (final normed hidden
 states) in one forward; pair t = ``(f_t + u_t, x_{t+1})``, ``t = 0 .. T−2``, is fed at position t
 and its output ``f̂_{t+1}`` is trained with
@@ -147,12 +147,14 @@ def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], d
 
 
 EAGLE_CARD_SUMMARY = (
-    "An EAGLE-style drafter head (EAGLE §3): one Llama decoder layer over `fc([target hidden state ; "
-    "embedding of the next token])` that predicts the target's next hidden state; the target's own LM "
-    "head turns it into draft probabilities. It reuses the target's embedding and LM head, which are not "
-    "stored here: `config.json` names the target it fits (hidden size, vocabulary, hashes of its "
-    "embedding and LM head), and any other target is refused. Use it on every command that takes "
-    "`--draft` (`relaxspec generate --method sd --draft DIR`)."
+    "An EAGLE-1 drafter head (EAGLE §3): `fc([embedding of the next token ; target hidden state])` "
+    "(no bias), then one Llama decoder layer without its input norm, predicts the target's next hidden "
+    "state; the target's own LM head turns it into draft probabilities. It reuses the target's embedding "
+    "and LM head, which are not stored here: `config.json` names the target it fits (hidden size, "
+    "vocabulary, hashes of its embedding and LM head), and any other target is refused. Use it on every "
+    "command that takes `--draft` (`relaxspec generate --method sd --draft DIR`), or as the `eagle` role "
+    "(`--set drafter=eagle`). The directory is also vLLM's EAGLE-1 checkpoint: with `--engine vllm` it "
+    "runs on vLLM's `eagle` proposer under relaxspec's rules."
 )
 EAGLE_CARD_OBJECTIVE = [
     "`SmoothL1(f̂, f) + w_cls · CE(p_target, softmax(LMHead(f̂)))` on the frozen target's final hidden "
