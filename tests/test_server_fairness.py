@@ -117,7 +117,7 @@ def test_heaviest_legal_requests_keep_a_normal_one_near_its_pace(models, kind):
     """A 32-token nsd request alone and beside one, then four, back-to-back streams of the heaviest
     request the limits allow (900-token prompt). Before (issue 35): 2.0x / 1.7x beside sdd and
     2.1x / 4.4x beside a long-prompt nsd; now the long rows decode in a lane of their own, their
-    prefills come in chunks, and all heavy work together gets a quarter of the normal one's time."""
+    prefills come in chunks, and all heavy work together gets 0.15 of the normal one's time."""
     pool = ServingPool(models, "nsd", {"k": 4, "theta": 0.9}, max_concurrency=8, max_queue=16)
     for _ in range(2):
         _seconds(pool, *NORMAL)  # warm-up

@@ -128,7 +128,7 @@ class Batcher:
     long_input: int = 32
     long_context: int = 256
     prefill_chunk: int = 32
-    share: float = 0.25
+    share: float = 0.15
     max_hold: int = 8  # steps a largest-model request may wait for smaller models' rows (phase alignment)
     active: int = 0
     steps: int = 0  # batched forward passes run
