@@ -207,8 +207,7 @@ class ThreadGovernor:
 
     :meth:`tick` is called before every forward (:func:`relaxspec.engine.kv.model_logits`); at
     most every ``interval`` seconds of running it samples ``/proc/stat`` and this process's CPU
-    time, and
-    sets ``threads = max(1, limit - ⌊others + 1 - TAKEN_SHARE⌋)`` (``limit``: the affinity mask
+    time, and sets ``threads = max(1, limit - ⌊others + 1 - TAKEN_SHARE⌋)`` (``limit``: the affinity mask
     capped at the cgroup quota; ``others``: :func:`others_cpus`). torch's OpenMP thread count is
     per calling thread, so each thread that runs forwards applies the current count itself.
     """

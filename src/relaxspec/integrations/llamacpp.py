@@ -15,24 +15,26 @@ plus ``--spec-type draft-simple -md`` the draft with ``k`` drafts per step (``--
 without prompt caching. A row's seconds are llama.cpp's own ``prompt_ms + predicted_ms`` (what
 our rows time: prefill and decode, no HTTP). Greedy is ``temperature 0``; sampling sets every
 llama.cpp sampler to what ours does (top-k 0 = off, top-p, no min-p, no penalties). The server
-dies with this process (``PR_SET_PDEATHSIG``) and :func:`close_all` stops them at the bench's end.
+dies with this process (:func:`relaxspec.integrations.vllm.watch_parent`) and :func:`close_all`
+stops them at the bench's end.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
-import signal
+import os
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from relaxspec.errors import RelaxSpecError, check_int
+from relaxspec.integrations.vllm import watch_parent
 
 DEFAULT_DIR = Path("runs/llamacpp")  # where scripts/llamacpp_peer.sh puts the build and the GGUFs
 WEIGHTS = ("bf16", "q8_0")
@@ -104,10 +106,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 class LlamaCppServer:
     """A running ``llama-server`` for :class:`ServerSpec` (started here, stopped by :meth:`close`)."""
 
@@ -118,7 +116,7 @@ class LlamaCppServer:
             spec.command(self.port, context),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            preexec_fn=_die_with_parent,
+            preexec_fn=partial(watch_parent, os.getpid()),  # dies with this process
         )
         deadline = time.monotonic() + timeout
         while not self._healthy():

@@ -12,10 +12,10 @@ combination build an :class:`Engine` from the parts directly.
 # Each family's presets register themselves when its module is imported: draft_model (ar, sd, nsd,
 # ...), then prove, then sdd -- the order of --help and of tables (tests/test_methods.py checks it).
 from relaxspec.methods.draft_model import (
-    DRAFTERS,
     LOOKUP_PROPOSERS,
     PROMPT_LOOKUP_MAX,
     PROMPT_LOOKUP_MIN,
+    check_drafter,
     draft_model_method,
     draft_proposer,
 )
@@ -37,7 +37,6 @@ from relaxspec.methods.registry import (
 from relaxspec.methods.sdd import SDD_ACCEPT, build_sdd, check_draft_work, make_signal, sdd_rules
 
 __all__ = [
-    "DRAFTERS",
     "LOOKUP_PROPOSERS",
     "METHODS",
     "MODEL_ROLES",
@@ -54,6 +53,7 @@ __all__ = [
     "build_engine",
     "build_sdd",
     "check_draft_work",
+    "check_drafter",
     "draft_model_method",
     "draft_proposer",
     "get_method",

@@ -41,6 +41,20 @@ DRAFTERS = ("draft", "eagle")
 DRAFTER = Param(
     "drafter", str, "draft", "model role that drafts: draft (--draft) or eagle (--eagle)", choices=DRAFTERS
 )
+
+
+def check_drafter(drafter: str, proposer: str = "draft") -> str:
+    """``drafter`` checked (:data:`DRAFTER`); a model role other than ``draft`` drafts through vLLM's
+    model proposers (draft-model or eagle), so it takes ``proposer=draft``."""
+    DRAFTER.check(drafter)
+    if drafter != "draft" and proposer != "draft":
+        raise RelaxSpecError(
+            f"drafter={drafter} drafts with a model of that role (vLLM's draft-model or eagle proposer): "
+            f"it takes proposer=draft, got proposer={proposer!r}"
+        )
+    return drafter
+
+
 PROMPT_LOOKUP_MIN = Param(
     "prompt_lookup_min",
     int,

@@ -205,10 +205,22 @@ class PackedEagleHead(PackedLayers):
         return self.layer(self.block, x, cache.layers[0], cos[:, None].float(), sin[:, None].float(), mask)
 
 
+PACKED_ATTRIBUTE = "relaxspec_packed_head"  # where head_forward keeps the head's packed copy
+
+
 def head_forward(head: EagleHead, target: PreTrainedModel) -> Any:
-    """What runs the head: packed like its target's forwards (same weights), else the module."""
+    """What runs the head: packed like its target's forwards (same weights), else the module.
+
+    The packed copy is made once per head and weights (a server builds an engine per request)
+    and made again if the head's weights changed in place since (training: their version)."""
     packed = packed_forward(target)
-    return head if packed is None else PackedEagleHead(head, packed.weights)
+    if packed is None:
+        return head
+    key = (packed.weights, head.fc.weight._version)
+    cached = head.__dict__.get(PACKED_ATTRIBUTE)
+    if cached is None or cached[0] != key:
+        cached = head.__dict__[PACKED_ATTRIBUTE] = (key, PackedEagleHead(head, packed.weights))
+    return cached[1]
 
 
 def causal_mask(T: int, past: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:

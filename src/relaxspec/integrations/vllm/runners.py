@@ -35,6 +35,7 @@ from relaxspec.methods import (
     PROMPT_LOOKUP_MIN,
     SDD_ACCEPT,
     block_size_of,
+    check_drafter,
     get_method,
 )
 from relaxspec.models import model_dir
@@ -234,13 +235,9 @@ def engine_plan(name: str, p: Mapping[str, Any], paths: Mapping[str, Any] | None
         return _diffusion_plan(p, paths or {})
     assert spec.rule is not None
     rule_params = _rule_params(spec.rule.name, p)
-    proposer, drafter = p.get("proposer", "draft"), p.get("drafter", "draft")
+    proposer = p.get("proposer", "draft")
+    drafter = check_drafter(p.get("drafter", "draft"), proposer)
     lookup = _lookup_options(proposer, p)
-    if drafter != "draft" and proposer != "draft":
-        raise RelaxSpecError(
-            f"drafter={drafter} drafts with a model of that role (vLLM's draft-model or eagle proposer): "
-            f"it takes proposer=draft, got proposer={proposer!r}"
-        )
     if proposer == "block":  # MARS-drafted: parallel drafting against the target
         return EnginePlan(spec.rule.name, rule_params, "block", p["k"], "target", "block")
     if proposer in LOOKUP_PROPOSERS:  # vLLM's model-free proposers: q one-hot at the draft

@@ -38,7 +38,7 @@ from relaxspec.integrations.vllm.drafts import draft_speculative_config
 from relaxspec.integrations.vllm.lookup import check_prompt_lookup, lookup_speculative_config
 from relaxspec.integrations.vllm.rejection import ENV_STATS_DIR
 from relaxspec.integrations.vllm.rules import RuleChoice, canonical, default_env
-from relaxspec.methods import DRAFTERS, LOOKUP_PROPOSERS
+from relaxspec.methods import LOOKUP_PROPOSERS, check_drafter
 from relaxspec.models import model_dir
 from relaxspec.params import DEFAULT_K
 
@@ -212,11 +212,7 @@ def drafter_options(
     window (checked, :mod:`.lookup`) — and the rule's own parameters."""
     rest = dict(params)
     proposer = rest.pop("proposer", "draft")
-    drafter = rest.pop("drafter", "draft")
-    if drafter not in DRAFTERS:
-        raise RelaxSpecError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
-    if drafter != "draft" and proposer != "draft":
-        raise RelaxSpecError(f"drafter={drafter} takes proposer=draft, got proposer={proposer!r}")
+    drafter = check_drafter(rest.pop("drafter", "draft"), proposer)
     lo, hi = rest.pop("prompt_lookup_min", None), rest.pop("prompt_lookup_max", None)
     if proposer not in ("draft", *LOOKUP_PROPOSERS):
         raise RelaxSpecError(
