@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,3 +118,14 @@ def cli(monkeypatch, capsys):
         return subprocess.CompletedProcess(["relaxspec", *args], code, out.out, out.err)
 
     return run
+
+
+@pytest.fixture
+def short_tmp_path():
+    """A temporary directory with a short path, for a server that makes Unix sockets in it: vLLM
+    puts its ZeroMQ IPC sockets in ``$TMPDIR``, and a socket path may hold at most 107 bytes, which
+    ``tmp_path`` (``/tmp/pytest-of-USER/pytest-N/popen-gwK/<test name>/``) can exceed under xdist."""
+    path = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -41,10 +42,10 @@ def setup(tmp_path_factory):
 @pytest.mark.slow  # the setup fixture trains a target and a drafter
 def test_train_from_target_exports_a_loadable_drafter(setup):
     root = setup
-    recipe = DiffusionRecipe(gamma=4, init="target", layers=1)
+    recipe = DiffusionRecipe(gamma=4, init="target", layers=1, target=str(root / "target"))
     _, state = train_diffusion(
         recipe, root / "corpus", root / "tok", root / "run_d", root / "diffusion", dict(COMMON),
-        target_dir=root / "target", progress=False, command="relaxspec train diffusion (test)",
+        progress=False, command="relaxspec train diffusion (test)",
     )  # fmt: skip
     assert state.step == 4 and {"math_eval_diff_loss", "code_eval_masked_acc"} <= set(state.history[-1])
     cfg = json.loads((root / "diffusion" / "config.json").read_text())
@@ -80,17 +81,10 @@ def test_resume_after_a_time_limit_is_identical(setup):
 @pytest.mark.slow  # the setup fixture trains a target and a drafter
 def test_init_from_the_draft(setup):
     root = setup
-    recipe = DiffusionRecipe(gamma=4, init="draft")
+    recipe = DiffusionRecipe(gamma=4, init="draft", draft=str(root / "target"))
     overrides = {**COMMON, "steps": 1}
     model, _ = train_diffusion(
-        recipe,
-        root / "corpus",
-        root / "tok",
-        root / "r_c",
-        None,
-        overrides,
-        draft_dir=root / "target",
-        progress=False,
+        recipe, root / "corpus", root / "tok", root / "r_c", None, overrides, progress=False
     )
     assert getattr(model.config, CFG_FORMAT) == FORMAT
 
@@ -112,5 +106,6 @@ def test_init_from_the_draft(setup):
 def test_bad_input(setup, recipe, overrides, match):
     root = setup
     with pytest.raises(RelaxSpecError, match=match):
+        recipe = dataclasses.replace(recipe, target=str(root / "target"))
         train_diffusion(recipe, root / "corpus", root / "tok", root / "bad", None, {**COMMON, **overrides},
-                        target_dir=root / "target", progress=False)  # fmt: skip
+                        progress=False)  # fmt: skip

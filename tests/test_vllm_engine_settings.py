@@ -86,3 +86,23 @@ def test_a_plan_becomes_settings_in_one_place():
     ngram = runners.row_plan("vllm-ngram", runners.resolve("vllm-ngram", {"prompt_lookup_max": 3}), {})
     s = runners.engine_settings(ngram, {})
     assert (s.proposer, s.draft, s.lookup_window, s.stock) == ("ngram", None, (None, 3), True)
+
+
+def test_a_calls_counters_cover_its_own_positions_after_a_longer_engine():
+    """The worker's counters outlive an engine: after one with K = 8 served in the same process, a
+    K = 4 engine's call reports 4 positions (and more only if it drafted deeper)."""
+    from relaxspec.integrations.vllm.offline import _delta
+
+    def counters(drafted, accepted, relaxed, rows=0, emitted=0):
+        return {"rows": rows, "emitted": emitted, "drafted_per_pos": drafted,
+                "accepted_per_pos": accepted, "relaxed_per_pos": relaxed}  # fmt: skip
+
+    before = counters([9] * 8, [5] * 8, [1] * 8, rows=10, emitted=40)
+    after = counters([12, 12, 11, 10, 9, 9, 9, 9], [8, 7, 6, 5, 5, 5, 5, 5], [2, 2, 1, 3, 1, 1, 1, 1], 13, 52)
+    got = _delta(before, after, 4)
+    assert (got["verify_rows"], got["emitted"], got["relaxed_accepted"]) == (3, 12, 4)
+    assert got["drafted_per_pos"] == [3, 3, 2, 1] and got["accepted_per_pos"] == [3, 2, 1, 0]
+    assert got["relaxed_per_pos"] == [1, 1, 0, 2]
+    deeper = counters([12, 12, 11, 10, 10, 9, 9, 9], [8] * 8, [1] * 8)
+    assert len(_delta(before, deeper, 4)["drafted_per_pos"]) == 5
+    assert _delta(None, after, 4) is None

@@ -254,7 +254,8 @@ def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) ->
 
 @pytest.mark.slow  # spawns vLLM servers or workers
 @pytest.mark.parametrize("method", ["nsd", "vllm-sd"])  # with the plugin, and stock vLLM
-def test_kill_9_leaves_no_engine_core_and_no_stats_dir(tmp_path, method):
+def test_kill_9_leaves_no_engine_core_and_no_stats_dir(short_tmp_path, method):
+    tmp_path = short_tmp_path
     server = spawn(tmp_path, ["--k", "4", "--max-model-len", "256"], method)
     try:
         children = descendants(server.process.pid)
@@ -291,7 +292,7 @@ def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
 
 
 @pytest.mark.slow  # spawns vLLM servers or workers
-def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engine(tmp_path):
+def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engine(short_tmp_path):
     """vLLM's multi-node data-parallel launcher on loopback: node 0 runs the API server and rank 0,
     node 1 (``--headless``) rank 1 and an endpoint for its counts. 16 concurrent greedy requests,
     ``sd`` and ``nsd`` per request, give the texts one engine gives; the two nodes' counts add up
@@ -303,9 +304,10 @@ def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engin
     dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address",
           "127.0.0.1", "--data-parallel-rpc-port", str(free_port())]  # fmt: skip
     common = ["--k", "4", "--max-model-len", "512", "--dtype", "float32", *dp]
-    node1 = spawn(tmp_path / "node1", [*common, "--headless", "--data-parallel-start-rank", "1"], wait=False)
+    headless = [*common, "--headless", "--data-parallel-start-rank", "1"]
+    node1 = spawn(short_tmp_path / "node1", headless, wait=False)
     try:
-        node0 = spawn(tmp_path / "node0", common)
+        node0 = spawn(short_tmp_path / "node0", common)
         try:
             body = {"model": "relaxspec", "max_tokens": 32, "temperature": 0}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -93,63 +94,106 @@ def serve_cmd(
     if k_schedule is not None and engine != "vllm":
         raise RelaxSpecError("--k-schedule is for --engine vllm (our engine picks K per step: --adaptive-k)")
     if engine == "vllm":
-        from relaxspec.integrations.vllm.serve import ServerSettings, ServingOptions, parse_k_schedule
-        from relaxspec.integrations.vllm.serve import serve as vllm_serve
-
         for name in given_flags(ctx, "max_queue", "batching", "adaptive_k", "extra_models"):
             flag = "--" + name.replace("_", "-")
             raise RelaxSpecError(f"{flag} is our engine's and has no equivalent in vLLM (--engine vllm)")
+    http = HttpOptions(
+        host, port, model_name, api_key, max_body_bytes, max_tokens_cap, default_max_tokens, log_level
+    )
+    if engine == "vllm":
         concurrency = max_concurrency if given_flags(ctx, "max_concurrency") else None  # else vLLM's
-        schedule = parse_k_schedule(k_schedule) if k_schedule is not None else None
-        params = {n: v for n, v in opts.params.items() if n != "k"}
-        k = opts.params.get("k", params_mod.DEFAULT_K)
-        server = ServerSettings(
-            target=opts.paths.get("target"),
-            draft=opts.paths.get("draft"),
-            k=k,
-            paths=opts.paths,
-            k_schedule=schedule,
-            host=host,
-            port=port,
-            served_model_name=model_name,
-        )
-        options = ServingOptions(
-            api_key=api_key,
-            max_body_bytes=max_body_bytes,
-            max_tokens_cap=max_tokens_cap,
-            default_max_tokens=default_max_tokens,
-            max_concurrency=concurrency,
-            log_level=log_level,
-        )
-        vllm_serve(opts.method, params, server, options)
-        return
+        _serve_on_vllm(opts, http, k_schedule, concurrency)
+    else:
+        pool = ServingSettings(max_concurrency, max_queue, batching, adaptive_k, extra_models, kernels)
+        _serve_on_ours(opts, http, pool)
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """What both engines' servers take from ``serve``'s flags: address, name, guard, log level."""
+
+    host: str
+    port: int
+    model_name: str
+    api_key: str | None
+    max_body_bytes: int
+    max_tokens_cap: int | None
+    default_max_tokens: int
+    log_level: str
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """Our engine's serving flags (``--max-concurrency`` … ``--kernels``)."""
+
+    max_concurrency: int
+    max_queue: int
+    batching: bool
+    adaptive_k: bool
+    extra_models: bool
+    kernels: str
+
+
+def _serve_on_vllm(
+    opts: MethodOptions, http: HttpOptions, k_schedule: str | None, concurrency: int | None
+) -> None:
+    """``serve --engine vllm``: vLLM's OpenAI server with the plugin, the method as its default rule."""
+    from relaxspec.integrations.vllm.serve import ServerSettings, ServingOptions, parse_k_schedule
+    from relaxspec.integrations.vllm.serve import serve as vllm_serve
+
+    params = {n: v for n, v in opts.params.items() if n != "k"}
+    server = ServerSettings(
+        target=opts.paths.get("target"),
+        draft=opts.paths.get("draft"),
+        k=opts.params.get("k", params_mod.DEFAULT_K),
+        paths=opts.paths,
+        k_schedule=parse_k_schedule(k_schedule) if k_schedule is not None else None,
+        host=http.host,
+        port=http.port,
+        served_model_name=http.model_name,
+    )
+    options = ServingOptions(
+        api_key=http.api_key,
+        max_body_bytes=http.max_body_bytes,
+        max_tokens_cap=http.max_tokens_cap,
+        default_max_tokens=http.default_max_tokens,
+        max_concurrency=concurrency,
+        log_level=http.log_level,
+    )
+    vllm_serve(opts.method, params, server, options)
+
+
+def _serve_on_ours(opts: MethodOptions, http: HttpOptions, settings: ServingSettings) -> None:
+    """``serve`` on our engine: the pool of :mod:`relaxspec.serve` behind uvicorn."""
     import uvicorn
 
     from relaxspec.serve.pool import ServingPool
     from relaxspec.serve.server import create_app, load_serving_models, serving_tokenizer_and_context
 
-    models = load_serving_models(opts.method, opts.paths, extra_roles=extra_models, kernels=kernels)
+    models = load_serving_models(
+        opts.method, opts.paths, extra_roles=settings.extra_models, kernels=settings.kernels
+    )
     pool = ServingPool(
         models,
         opts.method,
         opts.params,
-        max_concurrency=max_concurrency,
-        max_queue=max_queue,
-        batching=batching,
-        adaptive_k=adaptive_k,
+        max_concurrency=settings.max_concurrency,
+        max_queue=settings.max_queue,
+        batching=settings.batching,
+        adaptive_k=settings.adaptive_k,
     )
     tokenizer, context = serving_tokenizer_and_context(models, opts.method)
     app = create_app(
         pool,
-        model_name,
+        http.model_name,
         tokenizer,
         context,
-        max_tokens_cap=max_tokens_cap,
-        default_max_tokens=default_max_tokens,
-        max_body_bytes=max_body_bytes,
-        api_key=api_key,
+        max_tokens_cap=http.max_tokens_cap,
+        default_max_tokens=http.default_max_tokens,
+        max_body_bytes=http.max_body_bytes,
+        api_key=http.api_key,
     )
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=http.host, port=http.port, log_level=http.log_level)
 
 
 @app.command("loadtest")

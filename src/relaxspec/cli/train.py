@@ -130,18 +130,17 @@ def train_diffusion_cmd(
     overrides = training_overrides(
         set_, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, max_minutes=max_minutes
     )
-    recipe = DiffusionRecipe(gamma=gamma, ar_weight=ar_weight, init=init, layers=layers)
-    _, state = train_diffusion(
-        recipe,
-        corpus,
-        tokenizer,
-        run_dir,
-        export,
-        overrides,
-        target_dir=target,
-        draft_dir=draft,
-        export_partial=export_partial,
+    recipe = DiffusionRecipe(
+        gamma=gamma,
+        ar_weight=ar_weight,
+        init=init,
+        layers=layers,
+        target=str(target) if target is not None else None,
+        draft=str(draft) if draft is not None else None,
         mixture=parse_mixture(mixture) if mixture is not None else None,
+    )
+    _, state = train_diffusion(
+        recipe, corpus, tokenizer, run_dir, export, overrides, export_partial=export_partial
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 

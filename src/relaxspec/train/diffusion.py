@@ -58,6 +58,9 @@ class DiffusionRecipe:
     init: str = "target"
     layers: int = 2  # decoder layers taken from the target (init="target")
     scratch_preset: str = "draft"  # shape for init="scratch"
+    target: str | None = None  # the target for init="target" (default: the bundled one)
+    draft: str | None = None  # the draft for init="draft" (default: the bundled one)
+    mixture: dict[str, float] | None = None  # corpus source weights (default: train.ar.MIXTURE)
 
     def validate(self, seq_len: int) -> None:
         if not (isinstance(self.gamma, int) and self.gamma >= 1):
@@ -235,12 +238,7 @@ def truncated_copy(source: LlamaForCausalLM, layers: int) -> LlamaForCausalLM:
     return model.float()
 
 
-def init_drafter(
-    recipe: DiffusionRecipe,
-    tokenizer: PreTrainedTokenizerBase,
-    target_dir: str | Path | None = None,
-    draft_dir: str | Path | None = None,
-) -> LlamaForCausalLM:
+def init_drafter(recipe: DiffusionRecipe, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
     """The drafter before training, from ``recipe.init`` (see the module docstring)."""
     if recipe.init == "scratch":
         if recipe.scratch_preset not in PRESETS:
@@ -248,7 +246,8 @@ def init_drafter(
         model = LlamaForCausalLM(llama_config(PRESETS[recipe.scratch_preset], tokenizer))
     else:
         from_target = recipe.init == "target"
-        path = Path(target_dir or bundled("target")) if from_target else Path(draft_dir or bundled("draft"))
+        given = recipe.target if from_target else recipe.draft
+        path = Path(given or bundled(recipe.init))
         source = load_model(path)
         check_same_tokenizer(tokenizer, source.tokenizer, f"{recipe.init} model used as initialisation")
         model = truncated_copy(source.model, recipe.layers) if from_target else source.model.float()
@@ -287,25 +286,21 @@ def train_diffusion(
     run_dir: str | Path,
     export_dir: str | Path | None = None,
     overrides: dict | None = None,
-    target_dir: str | Path | None = None,
-    draft_dir: str | Path | None = None,
     progress: bool = True,
     command: str | None = None,
     export_partial: bool = False,
-    mixture: dict[str, float] | None = None,
 ) -> tuple[LlamaForCausalLM, TrainState]:
     """Train (or resume) the drafter; export it with a model card when the run is complete.
 
     ``export_partial``: also export when the run stopped early (``max_minutes``); the card records
-    the steps actually done. Rerunning the same command resumes the run either way. ``mixture``:
-    corpus source weights (default :data:`relaxspec.train.ar.MIXTURE`).
+    the steps actually done. Rerunning the same command resumes the run either way.
     """
     config = make_config(run_dir, DEFAULT_TRAIN, overrides)
     recipe.validate(config.seq_len)
     tokenizer = load_tokenizer(tokenizer_dir)
-    model = init_drafter(recipe, tokenizer, target_dir, draft_dir)
+    model = init_drafter(recipe, tokenizer)
     check_seq_len(config, model.config.max_position_embeddings)
-    weights = mixture or MIXTURE
+    weights = recipe.mixture or MIXTURE
     data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=16)
     mask_id = int(tokenizer.mask_token_id)
     record = {

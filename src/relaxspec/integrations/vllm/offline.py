@@ -434,7 +434,7 @@ class VLLMEngine:
                     finals[out.request_id] = out
         seconds = time.perf_counter() - start
         after = self.plugin_stats()
-        relaxed = _delta(before, after)
+        relaxed = _delta(before, after, self.k)
         results = []
         for rid, sp in zip(ids, params, strict=True):
             out = finals[rid]
@@ -486,19 +486,25 @@ def _check_block_model(path: Path, k: int) -> None:
         raise RelaxSpecError(f"block size {k} is larger than the block proposer's trained size ({trained})")
 
 
-def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+def _delta(before: dict[str, Any] | None, after: dict[str, Any] | None, k: int) -> dict[str, Any] | None:
+    """The plugin's counters of one ``generate`` call: ``after − before``, per-position lists over
+    the engine's ``k`` positions (longer if this call drafted deeper). The counters live in the
+    worker process, which may have served an engine with a longer K before this one: its zeros
+    beyond are not this engine's positions."""
     if before is None or after is None:
         return None
 
     def sub(a: list[int], b: list[int]) -> list[int]:
         return [x - (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
 
+    drafted = sub(after["drafted_per_pos"], before["drafted_per_pos"])
+    positions = max([k, *(i + 1 for i, n in enumerate(drafted) if n)])
     out = {
         "verify_rows": after["rows"] - before["rows"],
         "emitted": after["emitted"] - before["emitted"],
-        "drafted_per_pos": sub(after["drafted_per_pos"], before["drafted_per_pos"]),
-        "accepted_per_pos": sub(after["accepted_per_pos"], before["accepted_per_pos"]),
-        "relaxed_per_pos": sub(after["relaxed_per_pos"], before["relaxed_per_pos"]),
+        "drafted_per_pos": drafted[:positions],
+        "accepted_per_pos": sub(after["accepted_per_pos"], before["accepted_per_pos"])[:positions],
+        "relaxed_per_pos": sub(after["relaxed_per_pos"], before["relaxed_per_pos"])[:positions],
     }
     out["relaxed_accepted"] = sum(out["relaxed_per_pos"])
     return out
