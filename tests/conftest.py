@@ -128,4 +128,3 @@ def short_tmp_path():
     path = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
