@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -297,3 +301,40 @@ def test_method_args_reach_only_that_methods_server(engine, tmp_path, monkeypatc
     first, second = (commands[m if m != "vllm-ar" else "ar"] for m in methods)
     assert first[-4:] == ["--seam", "own-cache", "--k-schedule", "1-4:8,5-64:0"]
     assert "--seam" not in second and "--max-model-len" in first and "--max-model-len" in second
+
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer
+config = LoadtestConfig(concurrency=[1], spawn_args=["--target", sys.argv[1], "--draft", sys.argv[2]])
+server = SpawnedServer("sd", config, Path(sys.argv[3]))
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow  # spawns a process that spawns `relaxspec serve`
+def test_a_spawned_server_dies_with_a_killed_load_test(model_dirs, tmp_path):
+    """SIGKILL leaves the load test no ``stop()`` to run: the server it spawned must not outlive it
+    (an orphaned vLLM server holds gigabytes)."""
+    target, draft = model_dirs
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(target), str(draft), str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    server = int(child.stdout.readline())
+    assert alive(server)
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and alive(server):
+        time.sleep(0.1)
+    assert not alive(server)
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
