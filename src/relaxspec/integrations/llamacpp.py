@@ -15,26 +15,24 @@ plus ``--spec-type draft-simple -md`` the draft with ``k`` drafts per step (``--
 without prompt caching. A row's seconds are llama.cpp's own ``prompt_ms + predicted_ms`` (what
 our rows time: prefill and decode, no HTTP). Greedy is ``temperature 0``; sampling sets every
 llama.cpp sampler to what ours does (top-k 0 = off, top-p, no min-p, no penalties). The server
-dies with this process (:func:`relaxspec.integrations.vllm.watch_parent`) and :func:`close_all`
+dies with this process (:func:`relaxspec.integrations.vllm.lifeline`) and :func:`close_all`
 stops them at the bench's end.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from relaxspec.errors import RelaxSpecError, check_int
-from relaxspec.integrations.vllm import watch_parent
+from relaxspec.integrations.vllm import lifeline
 
 DEFAULT_DIR = Path("runs/llamacpp")  # where scripts/llamacpp_peer.sh puts the build and the GGUFs
 WEIGHTS = ("bf16", "q8_0")
@@ -116,7 +114,7 @@ class LlamaCppServer:
             spec.command(self.port, context),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            preexec_fn=partial(watch_parent, os.getpid()),  # dies with this process
+            preexec_fn=lifeline(),  # dies with this process
         )
         deadline = time.monotonic() + timeout
         while not self._healthy():

@@ -25,12 +25,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -305,16 +303,11 @@ class SpawnedServer:
         if config.api_key:
             env[API_KEY_ENV] = config.api_key  # not on the command line, where `ps` would show it
             env["VLLM_API_KEY"] = config.api_key
-        from relaxspec.integrations.vllm import watch_parent
+        from relaxspec.integrations.vllm import lifeline
 
-        # The server dies with this process even when it is killed (SIGKILL leaves no stop() to
-        # run); the kernel's lifeline only follows forks from a main thread, else a thread polls.
-        lifeline = partial(
-            watch_parent, os.getpid(), kernel=threading.current_thread() is threading.main_thread()
-        )
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=lifeline
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, preexec_fn=lifeline()
         )
 
     def wait_ready(self, timeout: float) -> None:

@@ -25,6 +25,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 
 from relaxspec.errors import RelaxSpecError
 
@@ -144,6 +146,14 @@ def watch_parent(parent_pid: int, *, kernel: bool = True, interval: float = 0.5)
         threading.Thread(target=_poll_parent, args=(parent_pid, interval), name=name, daemon=True).start()
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def lifeline() -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child dies with this process, even one that is
+    killed (SIGKILL leaves no cleanup to run). Made in the parent, which knows whether it forks
+    from its main thread (the kernel's signal follows the forking thread; otherwise the child
+    polls): :func:`watch_parent`."""
+    return partial(watch_parent, os.getpid(), kernel=threading.current_thread() is threading.main_thread())
 
 
 def _poll_parent(parent_pid: int, interval: float) -> None:
