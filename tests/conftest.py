@@ -40,6 +40,56 @@ torch.set_num_threads(1)
 os.environ.setdefault("RELAXSPEC_THREADS", "1")
 
 
+def _worker_cpus() -> str | None:
+    """Under pytest-xdist, this worker's share of the CPUs (worker i of n takes every n-th from the
+    i-th), for the vLLM engines and servers it starts: vLLM pins one OpenMP thread to each CPU it
+    is given (all of them by default), and two workers' engines pinned to the same cores spin
+    against each other."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker is None or count is None:
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    index = int(worker.removeprefix("gw")) % len(cpus)
+    return ",".join(str(c) for c in cpus[index :: min(int(count), len(cpus))])
+
+
+if (_cpus := _worker_cpus()) is not None:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _cpus)
+
+
+# The modules that take longest, longest first (one process, session 28: vLLM servers and engines,
+# then the statistical tests). CI runs two pytest-xdist workers with `--dist loadfile
+# --no-loadscope-reorder` (pyproject.toml): each module goes whole to one worker, in collection
+# order, so the long ones start at once and the short ones fill in behind them.
+LONGEST_FIRST = (
+    "test_vllm_server",
+    "test_vllm_proposers",
+    "test_vllm_engine",
+    "test_exactness",
+    "test_vllm_reproducible",
+    "test_prove",
+    "test_vllm_stock_serve",
+    "test_vllm_eagle",
+    "test_vllm_ngram",
+    "test_vllm_guard",
+    "test_vllm_plugin",
+    "test_server_hardening",
+    "test_diffusion_methods",
+    "test_llamacpp",
+    "test_eagle",
+    "test_sandbox",
+    "test_codegen",
+    "test_loadtest",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the modules of :data:`LONGEST_FIRST` first, in that order (a stable sort: each module's
+    tests keep their order, and the other modules theirs)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def _environment_restored():
     """Every test leaves ``os.environ`` as it found it. A test that ran ``serve()`` in process left

@@ -44,8 +44,9 @@ BAD = [
 
 
 def test_presets_build_the_rules():
-    assert resolve_params("topk-delta", {}) == {"k": DEFAULT_K, "drafter": "draft", "top_n": 3, "delta": 0.1}
-    threshold = {"k": DEFAULT_K, "drafter": "draft", "single": 0.3, "acc": 1.0}
+    chain = {"k": DEFAULT_K, "drafter": "draft", "stop_below": 0.0}
+    assert resolve_params("topk-delta", {}) == {**chain, "top_n": 3, "delta": 0.1}
+    threshold = {**chain, "single": 0.3, "acc": 1.0}
     assert resolve_params("threshold", {"single": 0.3}) == threshold
     assert resolve_params("fly", {"window": 3})["window"] == 3
 

@@ -26,7 +26,7 @@ from relaxspec.models import bundled
 
 TOKENS = 40
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
-FP32 = {"max_model_len": 512, "llm_kwargs": {"dtype": "float32"}}
+FP32 = {"max_model_len": 512, "kv_cache_gib": 0.25, "llm_kwargs": {"dtype": "float32"}}
 
 pytestmark = pytest.mark.slow  # starts vLLM engines
 

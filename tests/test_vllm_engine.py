@@ -25,21 +25,21 @@ PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneva
 
 @pytest.fixture(scope="module")
 def ours():
-    engine = VLLMEngine("sd", k=4, max_model_len=512)
+    engine = VLLMEngine("sd", k=4, max_model_len=512, kv_cache_gib=0.25)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def stock_sd():
-    engine = VLLMEngine("sd", k=4, max_model_len=512, stock=True)
+    engine = VLLMEngine("sd", k=4, max_model_len=512, kv_cache_gib=0.25, stock=True)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def stock_ar():
-    engine = VLLMEngine("ar", max_model_len=512, stock=True)
+    engine = VLLMEngine("ar", max_model_len=512, kv_cache_gib=0.25, stock=True)
     yield engine
     engine.close()
 

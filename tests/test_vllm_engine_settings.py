@@ -12,7 +12,14 @@ import pytest
 
 from relaxspec.errors import RelaxSpecError
 from relaxspec.integrations.vllm import runners
-from relaxspec.integrations.vllm.offline import VLLMEngineSettings, llm_arguments, model_dirs
+from relaxspec.integrations.vllm.offline import (
+    DEFAULT_KV_CACHE_GIB,
+    VLLMEngineSettings,
+    engine_env,
+    kv_cache_bytes,
+    llm_arguments,
+    model_dirs,
+)
 from relaxspec.models import model_dir
 from relaxspec.params import DEFAULT_K
 
@@ -45,6 +52,8 @@ def test_keywords_split_into_fields_and_rule_parameters():
         ({"method": "sd", "prompt_lookup_max": 3}, "prompt_lookup_max is an option of proposer=ngram"),
         ({"method": "sd", "proposer": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "at most"),
         ({"method": "sd", "proposer": "ngram", "draft": "models/draft"}, "drafts without a model"),
+        ({"method": "sd", "kv_cache_gib": 0}, "kv_cache_gib .KV cache space in GiB. must be a number >="),
+        ({"method": "sd", "kv_cache_gib": float("nan")}, "kv_cache_gib"),
     ],
 )
 def test_bad_settings_fail_on_creation(keywords, message):
@@ -73,6 +82,22 @@ def test_llm_arguments_per_proposer():
     with pytest.raises(RelaxSpecError, match="more than k = 2"):
         late = VLLMEngineSettings.of("sd", k=2, num_speculative_tokens_per_batch_size=[(1, 4, 4)])
         llm_arguments(late, *model_dirs(late))
+
+
+def test_kv_cache_space_is_the_settings_or_vllms_variable(monkeypatch):
+    """vLLM lets ``$VLLM_CPU_KVCACHE_SPACE`` (whole GiB) override ``kv_cache_memory_bytes``: the
+    engine passes the bytes and keeps the variable out of vLLM's environment."""
+    s = VLLMEngineSettings.of("sd", kv_cache_gib=0.25)
+    assert llm_arguments(s, *model_dirs(s))["kv_cache_memory_bytes"] == 2**28
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert kv_cache_bytes(None) == DEFAULT_KV_CACHE_GIB * 2**30
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert kv_cache_bytes(None) == 3 * 2**30 and kv_cache_bytes(0.5) == 2**29
+    for bad in ("1.5", "0"):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", bad)
+        with pytest.raises(RelaxSpecError, match="VLLM_CPU_KVCACHE_SPACE"):
+            kv_cache_bytes(None)
+    assert all(engine_env(stock, False)["VLLM_CPU_KVCACHE_SPACE"] is None for stock in (True, False))
 
 
 def test_a_plan_becomes_settings_in_one_place():

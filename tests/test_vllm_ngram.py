@@ -34,14 +34,14 @@ WINDOW = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 @pytest.fixture(scope="module")
 def ngram():
-    engine = VLLMEngine("sd", proposer="ngram", k=4, max_model_len=512, **WINDOW)
+    engine = VLLMEngine("sd", proposer="ngram", k=4, max_model_len=512, kv_cache_gib=0.25, **WINDOW)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def stock_ar():
-    engine = VLLMEngine("ar", max_model_len=512, stock=True)
+    engine = VLLMEngine("ar", max_model_len=512, kv_cache_gib=0.25, stock=True)
     yield engine
     engine.close()
 
@@ -147,7 +147,7 @@ def test_suffix_needs_arctic_inference_or_builds_its_config():
 @pytest.mark.skipif(not has_suffix_decoding(), reason="arctic-inference (with its suffix tree) not installed")
 def test_greedy_sd_on_suffix_is_greedy_ar_and_nsd_accepts_more(stock_ar):
     ar = [r.tokens for r in stock_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
-    engine = VLLMEngine("sd", proposer="suffix", k=4, max_model_len=512)
+    engine = VLLMEngine("sd", proposer="suffix", k=4, max_model_len=512, kv_cache_gib=0.25)
     try:
         sd = engine.generate(PROMPTS, max_new_tokens=TOKENS)
         nsd = engine.generate(PROMPTS, max_new_tokens=TOKENS, rule={"rule": "nsd", "theta": 0.95})

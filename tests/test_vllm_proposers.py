@@ -32,7 +32,7 @@ from relaxspec.testing import vllm_server
 
 TOKENS = 32
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
-COMMON = {"max_model_len": 512, "llm_kwargs": {"dtype": "float32"}}
+COMMON = {"max_model_len": 512, "kv_cache_gib": 0.25, "llm_kwargs": {"dtype": "float32"}}  # 8k fp32 tokens
 EOS = 0
 
 

@@ -30,6 +30,7 @@ from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer, free_port
 from relaxspec.serve.server import ChatMessage, ChatTemplate
 
 KEY = "test-key"
+FP32 = {"max_model_len": 512, "kv_cache_gib": 0.25, "llm_kwargs": {"dtype": "float32"}}  # in-process engines
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # our serving flags, which vLLM used to drop (issue 35): each one is checked below
 LIMITS = ["--max-body-bytes", "4096", "--max-tokens-cap", "64", "--default-max-tokens", "5",
@@ -252,52 +253,65 @@ def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) ->
                 p.kill()
 
 
+def kill_9_leaves_nothing(server: SpawnedServer, tmp: Path, plugin: bool) -> None:
+    """``kill -9`` of a server whose TMPDIR is ``tmp``: its engine core and (with the plugin) its
+    stats directory go with it."""
+    children = descendants(server.process.pid)
+    assert any("EngineCore" in " ".join([*p.cmdline(), p.name()]) for p in children), children
+    assert len(list(tmp.glob(f"{STATS_PREFIX}*"))) == plugin
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait()
+    assert_nothing_left(children, tmp, "kill -9")
+
+
 @pytest.mark.slow  # spawns vLLM servers or workers
-@pytest.mark.parametrize("method", ["nsd", "vllm-sd"])  # with the plugin, and stock vLLM
-def test_kill_9_leaves_no_engine_core_and_no_stats_dir(short_tmp_path, method):
-    tmp_path = short_tmp_path
-    server = spawn(tmp_path, ["--k", "4", "--max-model-len", "256"], method)
+def test_kill_9_of_stock_vllm_leaves_no_engine_core(short_tmp_path):
+    """Stock vLLM through our launcher (the plugin loaded for its lifeline only); the plugin's
+    case, with its stats directory, ends the data-parallel test below (a server start saved)."""
+    server = spawn(short_tmp_path, ["--k", "4", "--max-model-len", "256"], "vllm-sd")
     try:
-        children = descendants(server.process.pid)
-        assert any("EngineCore" in " ".join([*p.cmdline(), p.name()]) for p in children), children
-        assert len(list(tmp_path.glob(f"{STATS_PREFIX}*"))) == (method == "nsd")
-        server.process.send_signal(signal.SIGKILL)
-        server.process.wait()
-        assert_nothing_left(children, tmp_path, "kill -9")
+        kill_9_leaves_nothing(server, short_tmp_path, plugin=False)
     finally:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def one_fp32_engine():
+    """One in-process engine, nsd θ = 0.9, K = 4, in float32: what the parallel layouts must match."""
+    engine = VLLMEngine("nsd", theta=0.9, k=4, **FP32)
+    yield engine
+    engine.close()
+
+
 @pytest.mark.slow  # spawns vLLM servers or workers
-def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch):
+def test_tensor_parallel_relaxed_rule_same_greedy_tokens_as_tp1(monkeypatch, request):
     """Two shards give the tokens of one. In float32: tensor parallelism sums the shards' partial
     products in another order, and in bf16 (the bundled weights' dtype) that flips greedy near-ties
     of the target (CI saw one on a math prompt at token 22); float32 rounding is 2^16 times finer."""
     prompts = [ex.prompt for ex in math_examples(2)] + [ex.prompt for ex in humaneval_examples(2)]
-    fp32 = {"dtype": "float32"}
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
-    tp2 = VLLMEngine("nsd", theta=0.9, k=4, tensor_parallel_size=2, max_model_len=512, llm_kwargs=fp32)
+    tp2 = VLLMEngine("nsd", theta=0.9, k=4, tensor_parallel_size=2, **FP32)
     try:
         got = tp2.generate(prompts, max_new_tokens=32)
     finally:
         tp2.close()
-    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
-    tp1 = VLLMEngine("nsd", theta=0.9, k=4, max_model_len=512, llm_kwargs=fp32)
-    try:
-        want = tp1.generate(prompts, max_new_tokens=32)
-    finally:
-        tp1.close()
+    # the one-engine reference after tp2: a live in-process engine freezes vLLM's view of the
+    # environment (its envs cache), and tp2 needs its own thread binding
+    want = request.getfixturevalue("one_fp32_engine").generate(prompts, max_new_tokens=32)
     assert [r.tokens for r in got] == [r.tokens for r in want]
     assert got[0].stats["plugin"]["relaxed_accepted"] == want[0].stats["plugin"]["relaxed_accepted"] > 0
 
 
 @pytest.mark.slow  # spawns vLLM servers or workers
-def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engine(short_tmp_path):
+def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engine(
+    short_tmp_path, one_fp32_engine
+):
     """vLLM's multi-node data-parallel launcher on loopback: node 0 runs the API server and rank 0,
     node 1 (``--headless``) rank 1 and an endpoint for its counts. 16 concurrent greedy requests,
     ``sd`` and ``nsd`` per request, give the texts one engine gives; the two nodes' counts add up
     to one engine's (what a Prometheus ``sum`` over the nodes reads). float32 for the reason the
-    tensor-parallel test gives (the ranks batch differently from one engine)."""
+    tensor-parallel test gives (the ranks batch differently from one engine). Then ``kill -9`` of
+    node 0, a server with the plugin: its engine core and stats directory go with it."""
     prompts = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
     rules = [{"rule": "sd"}, {"rule": "nsd", "theta": 0.9}]
     jobs = [(prompt, rule) for prompt in prompts for rule in rules]
@@ -323,6 +337,7 @@ def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engin
                 httpx.get(f"{node0.url}/metrics", headers=AUTH).text,
                 httpx.get(f"{node1.url}/metrics").text,
             ]
+            kill_9_leaves_nothing(node0, short_tmp_path / "node0", plugin=True)
         finally:
             node0.stop()
     finally:
@@ -335,11 +350,7 @@ def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engin
             if line.startswith(f"relaxspec_{name}_total{{")
         ]
 
-    one = VLLMEngine("nsd", theta=0.9, k=4, max_model_len=512, llm_kwargs={"dtype": "float32"})
-    try:
-        want = one.generate([p for p, _ in jobs], max_new_tokens=32, rule=[r for _, r in jobs])
-    finally:
-        one.close()
+    want = one_fp32_engine.generate([p for p, _ in jobs], max_new_tokens=32, rule=[r for _, r in jobs])
     assert got == [r.text for r in want]
     plugin = want[0].stats["plugin"]  # the engine's totals over the batch
     for name, key in (("drafts", "drafted_per_pos"), ("relaxed_accepted", "relaxed_per_pos")):

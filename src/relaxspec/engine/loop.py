@@ -400,7 +400,7 @@ class Engine:
         verdict = verify_unchecked(
             run.rule, proposal.tokens, _draft_probs(run.rule, proposal), target_probs, run.generator
         )
-        self._count(k, verdict, stats)
+        self._count(proposal.k, verdict, stats)  # a chain may stop before k (draft_chain)
         chunk = verdict.emitted(proposal.tokens)
         run.state.unverified_run = 0
         return CycleRecord(n, proposal, 0, target_probs, verdict, chunk)

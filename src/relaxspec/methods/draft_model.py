@@ -43,6 +43,18 @@ DRAFTER = Param(
 )
 
 
+# Our engine only: a chain of drafts ends early after a draft its proposer gave less than this
+# probability (engine/proposers/base.py draft_chain); vLLM's proposers always draft k.
+STOP_BELOW = Param(
+    "stop_below",
+    float,
+    0.0,
+    "end the chain of drafts after one the drafter gives less than this probability (0: always k)",
+    lo=0,
+    hi=1,
+)
+
+
 def check_drafter(drafter: str, proposer: str = "draft") -> str:
     """``drafter`` checked (:data:`DRAFTER`); a model role other than ``draft`` drafts through vLLM's
     model proposers (draft-model or eagle), so it takes ``proposer=draft``."""
@@ -75,14 +87,16 @@ PROMPT_LOOKUP_MAX = Param(
 )
 
 
-def draft_proposer(target: LoadedModel, draft: LoadedModel | LoadedEagle) -> DraftModel | EagleProposer:
+def draft_proposer(
+    target: LoadedModel, draft: LoadedModel | LoadedEagle, stop_below: float = 0.0
+) -> DraftModel | EagleProposer:
     """What ``--draft`` proposes with: a draft model, or an EAGLE head drafting from the target's
-    hidden states (checked against the target it was trained for)."""
+    hidden states (checked against the target it was trained for); ``stop_below``: :data:`STOP_BELOW`."""
     if isinstance(draft, LoadedEagle):
-        return EagleProposer(draft.head, target.model, draft.target)
+        return EagleProposer(draft.head, target.model, draft.target, stop_below)
     check_compatible(target.model, draft.model, "draft")
     check_same_tokenizer(target.tokenizer, draft.tokenizer, "draft")
-    return DraftModel(draft.model)
+    return DraftModel(draft.model, stop_below)
 
 
 def draft_model_method(
@@ -101,14 +115,15 @@ def draft_model_method(
         return Engine(
             target.model,
             target.tokenizer,
-            proposer=draft_proposer(target, draft),
+            proposer=draft_proposer(target, draft, p.stop_below),
             rule=sampling,
             greedy_rule=None if sampling_only else greedy,
             k=p.k,
         )
 
-    params = declare(K, DRAFTER, *rule.params.values())
-    row = VllmRow("draft", declare(RULE_PROPOSER, PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX))
+    params = declare(K, DRAFTER, STOP_BELOW, *rule.params.values())
+    lookup = declare(RULE_PROPOSER, PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX)
+    row = VllmRow("draft", lookup, drops=("stop_below",))  # vLLM's proposers draft k
     return MethodSpec(
         name, summary, ("target", "draft"), params, build, validate, optional=("eagle",), rule=rule, vllm=row
     )

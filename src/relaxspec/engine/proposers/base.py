@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from relaxspec.core.sampling import SamplingParams
+from relaxspec.core.sampling import SamplingParams, processed_probs, sample
 
 
 @dataclass
@@ -29,6 +30,36 @@ class Proposal:
     @property
     def k(self) -> int:
         return int(self.tokens.shape[1])
+
+
+def draft_chain(
+    logits: torch.Tensor,
+    feed: Callable[[torch.Tensor, int], torch.Tensor],
+    k: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    stop_below: float = 0.0,
+) -> Proposal:
+    """Draw a chain ``d_1 .. d_r`` (r ≤ k), each from the processed law ``q_i`` (argmax when greedy).
+
+    logits: FloatTensor[1, V], the proposer's logits for ``d_1``; ``feed(d_i[1], i)`` feeds
+    ``d_i`` (i = 1 .. r − 1) and returns the logits ``[1, V]`` for ``d_{i+1}``. The chain stops
+    early after the first draft its law gives less than ``stop_below`` (a dynamic draft length,
+    EAGLE-2's confidence as a cut): the rule still verifies each ``d_i`` against its ``q_i``, so
+    exact rules stay exact. The last draft is never fed: its successor is not needed.
+    """
+    tokens, probs = [], []
+    for i in range(k):
+        q = processed_probs(logits, params)  # [1, V]
+        token = sample(q, generator, params.greedy)  # [1]
+        tokens.append(token)
+        probs.append(q)
+        if i + 1 == k or float(q[0, token[0]]) < stop_below:
+            break
+        logits = feed(token, i + 1)
+    d = torch.stack(tokens, dim=1)  # [1, r]
+    q_all = torch.stack(probs, dim=1)  # [1, r, V]
+    return Proposal(tokens=d, probs=q_all, confidence=q_all.gather(-1, d[..., None]).squeeze(-1))
 
 
 class Proposer(Protocol):

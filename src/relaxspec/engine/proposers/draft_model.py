@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from relaxspec.core.sampling import SamplingParams, processed_probs, sample
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.kv import make_lm
-from relaxspec.engine.proposers.base import Proposal
+from relaxspec.engine.proposers.base import Proposal, draft_chain
 
 
 class DraftModel:
@@ -16,13 +16,15 @@ class DraftModel:
     Each token is drawn from the draft's *processed* distribution (the request's temperature,
     top-k and top-p), which is returned as ``q`` so exact rules stay exact. The first forward of
     a cycle also feeds the committed tokens the cache has not seen (the previous cycle's accepted
-    tail, recovered or bonus token), so a cycle costs exactly ``k`` draft forwards.
+    tail, recovered or bonus token), so a cycle costs exactly ``k`` draft forwards — fewer when
+    ``stop_below`` ends the chain early (:func:`~relaxspec.engine.proposers.base.draft_chain`).
     """
 
     name = "draft"
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, stop_below: float = 0.0) -> None:
         self.lm = make_lm(model, name="draft model")
+        self.stop_below = stop_below
 
     @property
     def calls(self) -> int:
@@ -34,19 +36,12 @@ class DraftModel:
     def propose(
         self, ids: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Proposal:
-        tokens, probs = [], []
         logits = self.lm.feed_committed(ids)[:, -1]  # [1, V]: distribution after the committed ids
-        for i in range(k):
-            q = processed_probs(logits, params)
-            token = sample(q, generator, params.greedy)  # [1]
-            tokens.append(token)
-            probs.append(q)
-            if i + 1 < k:  # the last draft token is never fed: its successor is not needed
-                logits = self.lm.forward(token[:, None], logits_to_keep=1)[:, -1]
-        d = torch.stack(tokens, dim=1)  # [1, K]
-        q_all = torch.stack(probs, dim=1)  # [1, K, V]
-        confidence = q_all.gather(-1, d[..., None]).squeeze(-1)
-        return Proposal(tokens=d, probs=q_all, confidence=confidence)
+
+        def feed(token: torch.Tensor, i: int) -> torch.Tensor:
+            return self.lm.forward(token[:, None], logits_to_keep=1)[:, -1]
+
+        return draft_chain(logits, feed, k, params, generator, self.stop_below)
 
     def rollback(self, length: int) -> None:
         self.lm.rollback(length)

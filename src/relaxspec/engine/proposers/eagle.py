@@ -26,10 +26,10 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from relaxspec.core.sampling import SamplingParams, processed_probs, sample
+from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.kv import CachedLM, new_cache
 from relaxspec.engine.packed import PackedLayer, PackedLayers, packed_forward, packed_linear
-from relaxspec.engine.proposers.base import Proposal
+from relaxspec.engine.proposers.base import Proposal, draft_chain
 from relaxspec.engine.proposers.rows import drafter_logits
 from relaxspec.errors import RelaxSpecError
 
@@ -311,7 +311,11 @@ class EagleProposer:
     name = "eagle"
 
     def __init__(
-        self, head: EagleHead, target: PreTrainedModel, recorded: dict[str, Any] | None = None
+        self,
+        head: EagleHead,
+        target: PreTrainedModel,
+        recorded: dict[str, Any] | None = None,
+        stop_below: float = 0.0,
     ) -> None:
         if recorded is not None:
             check_fits(recorded, target)
@@ -323,6 +327,7 @@ class EagleProposer:
         self.real = 0  # leading head positions computed from the target's real features
         self.features: CachedLM | None = None  # the verifier's model, recording hidden states
         self.calls = 0
+        self.stop_below = stop_below  # the chain's cut (engine/proposers/base.py draft_chain)
 
     def bind_verifier(self, verifier: Any) -> None:
         """Draft from ``verifier``'s recorded hidden states (the engine calls this)."""
@@ -376,17 +381,17 @@ class EagleProposer:
         features = self.features.hidden_states[:, real : n - 1]  # f_real .. f_{n-2}
         hidden = self._step(features, ids[:, real + 1 : n], real)[:, -1:]  # f̂_{n-1}
         self.real = n - 1
-        tokens, probs = [], []
-        for i in range(k):
-            q = processed_probs(drafter_logits(self.target, hidden, "EAGLE head")[:, 0], params)  # [1, V]
-            token = sample(q, generator, params.greedy)  # [1]
-            tokens.append(token)
-            probs.append(q)
-            if i + 1 < k:  # the last draft is never fed: its successor is not needed
-                hidden = self._step(hidden, token[:, None], n - 1 + i)
-        d = torch.stack(tokens, dim=1)  # [1, K]
-        q_all = torch.stack(probs, dim=1)  # [1, K, V]
-        return Proposal(tokens=d, probs=q_all, confidence=q_all.gather(-1, d[..., None]).squeeze(-1))
+
+        def feed(token: torch.Tensor, i: int) -> torch.Tensor:  # (f̂, d_i) at position n − 2 + i
+            nonlocal hidden
+            hidden = self._step(hidden, token[:, None], n - 2 + i)
+            return self._logits(hidden)
+
+        return draft_chain(self._logits(hidden), feed, k, params, generator, self.stop_below)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's LM head on the head's feature ``[1, 1, H]`` -> ``[1, V]``."""
+        return drafter_logits(self.target, hidden, "EAGLE head")[:, 0]
 
     def rollback(self, length: int) -> None:
         """Pair t reads ``x_{t+1}``: pairs beyond the kept committed tokens are dropped."""

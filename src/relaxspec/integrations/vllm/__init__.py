@@ -115,10 +115,37 @@ def die_with_parent() -> None:
     global _lifeline_installed
     if not _lifeline_installed:
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _start_coordinator_with_lifeline()
         _lifeline_installed = True
     parent = multiprocessing.parent_process()
     if parent is not None and parent.pid:
         watch_parent(parent.pid, kernel=False)  # the thread that spawned us is unknown
+
+
+_run_coordinator: Callable[..., None] | None = None  # vLLM's, where this process replaced it
+
+
+def _start_coordinator_with_lifeline() -> None:
+    """vLLM's data-parallel coordinator is a spawned process that loads no plugins: a ``kill -9`` of
+    a data-parallel server left ``VLLM::DPCoordinator`` running. Its process target becomes
+    :func:`run_coordinator_with_lifeline`, which the child imports from here by name."""
+    global _run_coordinator
+    if _run_coordinator is not None or importlib.util.find_spec("vllm") is None:
+        return
+    from vllm.v1.engine.coordinator import DPCoordinatorProc
+
+    _run_coordinator = DPCoordinatorProc.run_coordinator
+    DPCoordinatorProc.run_coordinator = staticmethod(run_coordinator_with_lifeline)  # type: ignore[method-assign]
+
+
+def run_coordinator_with_lifeline(*args: object, **kwargs: object) -> None:
+    """vLLM's ``DPCoordinatorProc.run_coordinator``, in a process that dies with its parent."""
+    die_with_parent()
+    if _run_coordinator is not None:  # called where the replacement was made (not a spawned child)
+        return _run_coordinator(*args, **kwargs)
+    from vllm.v1.engine.coordinator import DPCoordinatorProc
+
+    return DPCoordinatorProc.run_coordinator(*args, **kwargs)
 
 
 def _before_fork() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from relaxspec.core.sampling import check_temperature, check_top_p
 from relaxspec.engine.proposers.eagle import is_eagle_dir
-from relaxspec.errors import RelaxSpecError, check_int
+from relaxspec.errors import RelaxSpecError, check_int, check_real
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm.drafts import draft_speculative_config
 from relaxspec.integrations.vllm.hooks import make_llvmlite_scannable
@@ -81,7 +81,7 @@ def engine_env(stock: bool, multiprocessing: bool, rule: RuleChoice | None = Non
     """Environment for vLLM's processes: plugin in or out, in-process or not, default rule."""
     env: dict[str, str | None] = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0",
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_KV_CACHE_GIB)),
+        "VLLM_CPU_KVCACHE_SPACE": None,  # it would override kv_cache_memory_bytes (kv_cache_bytes)
     }
     if stock:
         env["VLLM_PLUGINS"] = ",".join(other_plugins()) or "none"
@@ -120,7 +120,9 @@ class VLLMEngineSettings:
     ``k`` and the proposer options (``gamma``, ``steps``, ``reveal``, ``min_confidence``,
     ``prompt_lookup_min`` / ``_max``): see :class:`VLLMEngine`. The rest goes to ``vllm.LLM``
     (``llm_kwargs`` last, over the others); ``multiprocessing`` None reads
-    ``$VLLM_ENABLE_V1_MULTIPROCESSING`` when the engine is built.
+    ``$VLLM_ENABLE_V1_MULTIPROCESSING`` when the engine is built. ``kv_cache_gib``: the KV cache's
+    space (vLLM's ``kv_cache_memory_bytes``; None: ``$VLLM_CPU_KVCACHE_SPACE`` GiB, else 1 GiB),
+    allocated and touched when the engine starts, whatever the load.
     """
 
     method: str = "sd"
@@ -143,6 +145,7 @@ class VLLMEngineSettings:
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
     multiprocessing: bool | None = None
     enforce_eager: bool = True
+    kv_cache_gib: float | None = None
     llm_kwargs: Mapping[str, Any] | None = None
     # derived on creation: the default rule (None for ar) and the ngram window
     rule: RuleChoice | None = field(init=False, default=None, repr=False, compare=False)
@@ -190,6 +193,8 @@ class VLLMEngineSettings:
         if self.method != "ar":
             check_int("k", self.k, 1, what="draft length")
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.kv_cache_gib is not None:
+            check_real("kv_cache_gib", self.kv_cache_gib, lo=2**-10, what="KV cache space in GiB")
         proposer = self.proposer
         if proposer not in PROPOSER_ROLES:
             raise RelaxSpecError(f"proposer must be one of {', '.join(PROPOSER_ROLES)}, got {proposer!r}")
@@ -204,6 +209,19 @@ def model_dirs(s: VLLMEngineSettings) -> tuple[Path, Path | None]:
     return target, draft  # type: ignore[return-value]
 
 
+def kv_cache_bytes(gib: float | None) -> int:
+    """The KV cache's size in bytes: ``gib``, else ``$VLLM_CPU_KVCACHE_SPACE`` (vLLM's own setting,
+    whole GiB), else :data:`DEFAULT_KV_CACHE_GIB`."""
+    if gib is None:
+        raw = os.environ.get("VLLM_CPU_KVCACHE_SPACE") or str(DEFAULT_KV_CACHE_GIB)
+        try:
+            gib = int(raw)
+        except ValueError:
+            raise RelaxSpecError(f"VLLM_CPU_KVCACHE_SPACE must be whole GiB, got {raw!r}") from None
+        check_int("VLLM_CPU_KVCACHE_SPACE", gib, 1)
+    return int(gib * 2**30)
+
+
 def llm_arguments(s: VLLMEngineSettings, target: Path, draft: Path | None) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for ``s`` with its models at ``target`` / ``draft``."""
     kwargs: dict[str, Any] = {
@@ -213,6 +231,7 @@ def llm_arguments(s: VLLMEngineSettings, target: Path, draft: Path | None) -> di
         "seed": s.seed,
         "tensor_parallel_size": s.tensor_parallel_size,
         "disable_log_stats": True,
+        "kv_cache_memory_bytes": kv_cache_bytes(s.kv_cache_gib),
     }
     if s.max_model_len is not None:
         kwargs["max_model_len"] = s.max_model_len
