@@ -164,7 +164,8 @@ def test_cli_generate_engine_vllm_json(tmp_path):
     cmd = [sys.executable, "-m", "relaxspec.cli", "generate", "--engine", "vllm", "--method", "nsd"]
     cmd += ["--theta", "0.9", "--k", "4", "--temperature", "0", "--max-new-tokens", "24"]
     cmd += ["--json", "def fib(n):"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine core in-process: 1 interpreter
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout)  # stdout is exactly one JSON object (vLLM's logs go to stderr)
     assert isinstance(out["text"], str) and len(out["tokens"]) == 24

@@ -460,7 +460,8 @@ def test_cli_generate_engine_vllm_prove_lossless_json(tmp_path):
     cmd += ["--method", "prove-lossless", "--block-size", "8", "--temperature", "0"]
     cmd += ["--set", "seam=own-cache"]  # the vLLM row's own option passes the CLI's validation
     cmd += ["--max-new-tokens", "24", "--json", PROMPTS[0]]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine core in-process: 1 interpreter
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout)
     assert len(out["tokens"]) == 24 and out["stats"]["tau"] > 1
