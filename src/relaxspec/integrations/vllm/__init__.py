@@ -115,8 +115,9 @@ def die_with_parent() -> None:
     global _lifeline_installed
     if not _lifeline_installed:
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
-        _start_coordinator_with_lifeline()
         _lifeline_installed = True
+    if "vllm.v1.engine.coordinator" in sys.modules:  # where a front end may start one (never import it)
+        start_coordinator_with_lifeline()
     parent = multiprocessing.parent_process()
     if parent is not None and parent.pid:
         watch_parent(parent.pid, kernel=False)  # the thread that spawned us is unknown
@@ -125,10 +126,12 @@ def die_with_parent() -> None:
 _run_coordinator: Callable[..., None] | None = None  # vLLM's, where this process replaced it
 
 
-def _start_coordinator_with_lifeline() -> None:
+def start_coordinator_with_lifeline() -> None:
     """vLLM's data-parallel coordinator is a spawned process that loads no plugins: a ``kill -9`` of
     a data-parallel server left ``VLLM::DPCoordinator`` running. Its process target becomes
-    :func:`run_coordinator_with_lifeline`, which the child imports from here by name."""
+    :func:`run_coordinator_with_lifeline`, which the child imports from here by name. Called by
+    our server before vLLM starts (it imports vLLM's engine modules: seconds, which the server
+    spends anyway), and by :func:`die_with_parent` where that module is already loaded."""
     global _run_coordinator
     if _run_coordinator is not None or importlib.util.find_spec("vllm") is None:
         return

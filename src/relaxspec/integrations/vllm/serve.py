@@ -312,6 +312,7 @@ def serve(
     guard.configure(door)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     plugin.die_with_parent()  # what this process forks dies with it (what it spawns: register())
+    plugin.start_coordinator_with_lifeline()  # and the data-parallel coordinator, which loads no plugin
     with contextlib.ExitStack() as stack:
         if server.stock:
             from relaxspec.integrations.vllm.offline import other_plugins
