@@ -98,8 +98,8 @@ def test_serve_k_schedule_bad_input(args, message, cli):
 
 
 @pytest.mark.slow  # a real interpreter: exit status 2 and the one-line error on stderr
-def test_generate_missing_model_dir(tmp_path):
-    r = run_cli("generate", "--target", str(tmp_path / "x"), "--draft", str(tmp_path / "y"), "w1")
+def test_generate_missing_model_dir(tmp_path, cli):
+    r = cli("generate", "--target", str(tmp_path / "x"), "--draft", str(tmp_path / "y"), "w1")
     assert r.returncode == 2 and "model directory not found" in r.stderr
 
 
