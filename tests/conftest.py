@@ -56,13 +56,6 @@ def _worker_cpus() -> str | None:
 if (_cpus := _worker_cpus()) is not None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _cpus)
 
-# The vLLM servers the tests spawn run their worker inside the engine core (vLLM's "uni" executor,
-# which vllm-cpu picks when this is 0): two interpreters per server instead of three, ~7 s of CPU
-# less each. The kill -9 tests of tests/test_vllm_server.py set it back to 1 (vLLM's default
-# layout, a worker process that must die too). In-process engines are unaffected (VLLMEngine sets
-# it itself).
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
 
 # The modules that take longest, longest first (one process, session 28: vLLM servers and engines,
 # then the statistical tests). CI runs two pytest-xdist workers with `--dist loadfile

@@ -37,17 +37,13 @@ LIMITS = ["--max-body-bytes", "4096", "--max-tokens-cap", "64", "--default-max-t
           "--max-concurrency", "4", "--log-level", "warning"]  # fmt: skip
 
 
-def spawn(
-    tmp: Path, args: list[str], method: str = "nsd", wait: bool = True, worker_process: bool = False
-) -> SpawnedServer:
+def spawn(tmp: Path, args: list[str], method: str = "nsd", wait: bool = True) -> SpawnedServer:
     """``python -m relaxspec.integrations.vllm.serve --method METHOD ARGS`` (``vllm-sd``: stock) with
     the key in its environment and ``tmp`` as its temporary directory; up and answering ``/health``
-    (``wait``). ``worker_process``: vLLM's default layout (API server, engine core, worker), not the
-    tests' two processes (conftest.py)."""
+    (``wait``)."""
     tmp.mkdir(parents=True, exist_ok=True)
     config = LoadtestConfig(concurrency=[1], spawn_args=args, api_key=KEY, engine="vllm")
-    env = {"TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if worker_process else "0"}
-    with mock.patch.dict(os.environ, env):
+    with mock.patch.dict(os.environ, {"TMPDIR": str(tmp)}):
         server = SpawnedServer(method, config, tmp)
     try:
         if wait:
@@ -258,11 +254,10 @@ def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) ->
 
 
 def kill_9_leaves_nothing(server: SpawnedServer, tmp: Path, plugin: bool) -> None:
-    """``kill -9`` of a server whose TMPDIR is ``tmp`` (vLLM's default layout): its engine core,
-    the worker that core started and (with the plugin) its stats directory go with it."""
+    """``kill -9`` of a server whose TMPDIR is ``tmp``: its engine core and (with the plugin) its
+    stats directory go with it."""
     children = descendants(server.process.pid)
-    for name in ("EngineCore", "Worker"):
-        assert any(name in " ".join([*p.cmdline(), p.name()]) for p in children), (name, children)
+    assert any("EngineCore" in " ".join([*p.cmdline(), p.name()]) for p in children), children
     assert len(list(tmp.glob(f"{STATS_PREFIX}*"))) == plugin
     server.process.send_signal(signal.SIGKILL)
     server.process.wait()
@@ -273,7 +268,7 @@ def kill_9_leaves_nothing(server: SpawnedServer, tmp: Path, plugin: bool) -> Non
 def test_kill_9_of_stock_vllm_leaves_no_engine_core(short_tmp_path):
     """Stock vLLM through our launcher (the plugin loaded for its lifeline only); the plugin's
     case, with its stats directory, ends the data-parallel test below (a server start saved)."""
-    server = spawn(short_tmp_path, ["--k", "4", "--max-model-len", "256"], "vllm-sd", worker_process=True)
+    server = spawn(short_tmp_path, ["--k", "4", "--max-model-len", "256"], "vllm-sd")
     try:
         kill_9_leaves_nothing(server, short_tmp_path, plugin=False)
     finally:
@@ -326,7 +321,7 @@ def test_data_parallel_2_on_two_nodes_same_greedy_text_and_counters_as_one_engin
     headless = [*common, "--headless", "--data-parallel-start-rank", "1"]
     node1 = spawn(short_tmp_path / "node1", headless, wait=False)
     try:
-        node0 = spawn(short_tmp_path / "node0", common, worker_process=True)  # killed below
+        node0 = spawn(short_tmp_path / "node0", common)
         try:
             body = {"model": "relaxspec", "max_tokens": 32, "temperature": 0}
 
