@@ -254,10 +254,11 @@ def assert_nothing_left(processes: list[psutil.Process], tmp: Path, how: str) ->
 
 
 def kill_9_leaves_nothing(server: SpawnedServer, tmp: Path, plugin: bool) -> None:
-    """``kill -9`` of a server whose TMPDIR is ``tmp``: its engine core and (with the plugin) its
-    stats directory go with it."""
+    """``kill -9`` of a server whose TMPDIR is ``tmp``: its engine core, the worker that core
+    started and (with the plugin) its stats directory go with it."""
     children = descendants(server.process.pid)
-    assert any("EngineCore" in " ".join([*p.cmdline(), p.name()]) for p in children), children
+    for name in ("EngineCore", "Worker"):
+        assert any(name in " ".join([*p.cmdline(), p.name()]) for p in children), (name, children)
     assert len(list(tmp.glob(f"{STATS_PREFIX}*"))) == plugin
     server.process.send_signal(signal.SIGKILL)
     server.process.wait()
