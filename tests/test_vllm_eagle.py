@@ -23,10 +23,11 @@ from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.methods import build_engine, load_models
 from relaxspec.models import bundled
+from relaxspec.testing import VLLM_SMALL_FP32
 
 TOKENS = 40
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
-FP32 = {"max_model_len": 512, "kv_cache_gib": 0.25, "llm_kwargs": {"dtype": "float32"}}
+FP32 = VLLM_SMALL_FP32
 
 pytestmark = pytest.mark.slow  # starts vLLM engines
 

@@ -18,6 +18,7 @@ else:
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm.offline import VLLMEngine
+from relaxspec.testing import VLLM_SMALL
 
 TOKENS = 40
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
@@ -25,21 +26,21 @@ PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneva
 
 @pytest.fixture(scope="module")
 def ours():
-    engine = VLLMEngine("sd", k=4, max_model_len=512, kv_cache_gib=0.25)
+    engine = VLLMEngine("sd", k=4, **VLLM_SMALL)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def stock_sd():
-    engine = VLLMEngine("sd", k=4, max_model_len=512, kv_cache_gib=0.25, stock=True)
+    engine = VLLMEngine("sd", k=4, **VLLM_SMALL, stock=True)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def stock_ar():
-    engine = VLLMEngine("ar", max_model_len=512, kv_cache_gib=0.25, stock=True)
+    engine = VLLMEngine("ar", **VLLM_SMALL, stock=True)
     yield engine
     engine.close()
 

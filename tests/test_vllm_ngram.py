@@ -25,6 +25,7 @@ from relaxspec.eval.datasets import humaneval_examples, math_examples
 from relaxspec.integrations.vllm import runners
 from relaxspec.integrations.vllm.lookup import has_suffix_decoding, lookup_speculative_config
 from relaxspec.integrations.vllm.offline import VLLMEngine
+from relaxspec.testing import VLLM_SMALL
 
 TOKENS = 48
 # Code and math repeat names and phrases of their prompts: prompt lookup finds drafts there.
@@ -34,14 +35,14 @@ WINDOW = {"prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 @pytest.fixture(scope="module")
 def ngram():
-    engine = VLLMEngine("sd", proposer="ngram", k=4, max_model_len=512, kv_cache_gib=0.25, **WINDOW)
+    engine = VLLMEngine("sd", proposer="ngram", k=4, **VLLM_SMALL, **WINDOW)
     yield engine
     engine.close()
 
 
 @pytest.fixture(scope="module")
 def stock_ar():
-    engine = VLLMEngine("ar", max_model_len=512, kv_cache_gib=0.25, stock=True)
+    engine = VLLMEngine("ar", **VLLM_SMALL, stock=True)
     yield engine
     engine.close()
 
@@ -147,7 +148,7 @@ def test_suffix_needs_arctic_inference_or_builds_its_config():
 @pytest.mark.skipif(not has_suffix_decoding(), reason="arctic-inference (with its suffix tree) not installed")
 def test_greedy_sd_on_suffix_is_greedy_ar_and_nsd_accepts_more(stock_ar):
     ar = [r.tokens for r in stock_ar.generate(PROMPTS, max_new_tokens=TOKENS)]
-    engine = VLLMEngine("sd", proposer="suffix", k=4, max_model_len=512, kv_cache_gib=0.25)
+    engine = VLLMEngine("sd", proposer="suffix", k=4, **VLLM_SMALL)
     try:
         sd = engine.generate(PROMPTS, max_new_tokens=TOKENS)
         nsd = engine.generate(PROMPTS, max_new_tokens=TOKENS, rule={"rule": "nsd", "theta": 0.95})

@@ -28,11 +28,11 @@ from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.integrations.vllm.rules import RuleChoice
 from relaxspec.methods import ModelSet, build_engine
 from relaxspec.models import load_model, model_dir
-from relaxspec.testing import vllm_server
+from relaxspec.testing import VLLM_SMALL_FP32, vllm_server
 
 TOKENS = 32
 PROMPTS = [ex.prompt for ex in math_examples(4)] + [ex.prompt for ex in humaneval_examples(4)]
-COMMON = {"max_model_len": 512, "kv_cache_gib": 0.25, "llm_kwargs": {"dtype": "float32"}}  # 8k fp32 tokens
+COMMON = VLLM_SMALL_FP32
 EOS = 0
 
 

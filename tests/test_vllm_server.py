@@ -28,9 +28,10 @@ from relaxspec.integrations.vllm.offline import VLLMEngine
 from relaxspec.integrations.vllm.serve import STATS_PREFIX
 from relaxspec.serve.loadtest import LoadtestConfig, SpawnedServer, free_port
 from relaxspec.serve.server import ChatMessage, ChatTemplate
+from relaxspec.testing import VLLM_SMALL_FP32
 
 KEY = "test-key"
-FP32 = {"max_model_len": 512, "kv_cache_gib": 0.25, "llm_kwargs": {"dtype": "float32"}}  # in-process engines
+FP32 = VLLM_SMALL_FP32  # in-process engines
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # our serving flags, which vLLM used to drop (issue 35): each one is checked below
 LIMITS = ["--max-body-bytes", "4096", "--max-tokens-cap", "64", "--default-max-tokens", "5",

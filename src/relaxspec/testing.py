@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -264,6 +265,12 @@ def vllm_server(method: str, args: Sequence[str], log_dir: Path, api_key: str | 
         yield server.url
     finally:
         server.stop()
+
+
+# The in-process vLLM engines of the tests: a 512-token context and a 0.25 GiB KV cache (8k float32
+# tokens of the bundled target; vLLM's 1 GiB default, touched at start, held 13 GB in one module).
+VLLM_SMALL: dict[str, Any] = {"max_model_len": 512, "kv_cache_gib": 0.25}
+VLLM_SMALL_FP32: dict[str, Any] = {**VLLM_SMALL, "llm_kwargs": {"dtype": "float32"}}
 
 
 # (p, q) pairs for the statistical rule tests: a generic law and one with ties and zeros (the tied

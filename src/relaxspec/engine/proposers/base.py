@@ -54,7 +54,7 @@ def draft_chain(
         token = sample(q, generator, params.greedy)  # [1]
         tokens.append(token)
         probs.append(q)
-        if i + 1 == k or float(q[0, token[0]]) < stop_below:
+        if i + 1 == k or (stop_below > 0 and float(q[0, token[0]]) < stop_below):  # no sync when off
             break
         logits = feed(token, i + 1)
     d = torch.stack(tokens, dim=1)  # [1, r]

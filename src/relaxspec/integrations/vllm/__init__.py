@@ -133,7 +133,7 @@ def start_coordinator_with_lifeline() -> None:
     our server before vLLM starts (it imports vLLM's engine modules: seconds, which the server
     spends anyway), and by :func:`die_with_parent` where that module is already loaded."""
     global _run_coordinator
-    if _run_coordinator is not None or importlib.util.find_spec("vllm") is None:
+    if _run_coordinator is not None:
         return
     from vllm.v1.engine.coordinator import DPCoordinatorProc
 
