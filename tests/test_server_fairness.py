@@ -143,6 +143,7 @@ FLOOD_CLIENTS = 40
 # guards against read 481x; a flood client sharing the server's only core (a run pinned to one
 # core, `taskset -c 0`) reads 3.9-4.8x with the fix in, by CPU sharing alone, and under 3x on two (CI).
 STALL_BOUND = 10.0
+RSS_GROWTH_GB = 0.5  # what the flood may leave behind (allocator caches); it held 12.4 GB before
 
 
 def _rss_gb() -> float:
@@ -179,7 +180,8 @@ def test_a_flood_of_2_mb_prompts_does_not_stall_a_normal_request():
             timed()
         alone = [timed() for _ in range(5)]
         host, port = url.removeprefix("http://").split(":")
-        ratios, peak = [], _rss_gb()
+        ratios, before = [], _rss_gb()  # the worker's own size: earlier test modules share it
+        peak = before
         for _ in range(3):  # another flood only if the last ran into noise on a busy machine
             command = [sys.executable, "-m", "relaxspec.serve.flood", host, port, str(FLOOD_CLIENTS)]
             flood = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
@@ -192,11 +194,13 @@ def test_a_flood_of_2_mb_prompts_does_not_stall_a_normal_request():
             alone += [timed() for _ in range(3)]
             ratios.append(max(beside) / statistics.median(alone))
             print(f"normal alone {statistics.median(alone):.3f}s, beside the flood (max of {len(beside)}) "
-                  f"{max(beside):.3f}s: {ratios[-1]:.2f}x; RSS peak {peak:.2f} GB")  # fmt: skip
+                  f"{max(beside):.3f}s: {ratios[-1]:.2f}x")  # fmt: skip
+            print(f"RSS {before:.2f} GB before the flood, peak {peak:.2f} GB")
             if ratios[-1] <= STALL_BOUND:
                 break
         assert min(ratios) <= STALL_BOUND, ratios
-        deadline = time.monotonic() + 60
-        while _rss_gb() > 2.0 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60  # the refused bodies are freed: back near the size before
+        while _rss_gb() > before + RSS_GROWTH_GB and time.monotonic() < deadline:
             time.sleep(1)
-        assert _rss_gb() < 2.0
+        print(f"RSS after {_rss_gb():.2f} GB")
+        assert _rss_gb() < before + RSS_GROWTH_GB, (before, _rss_gb())
