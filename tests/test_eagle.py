@@ -16,12 +16,13 @@ from relaxspec.core.acceptance import Exact, Greedy
 from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import Engine
 from relaxspec.engine.draft_length import GoodputDraftLength, StepCosts
-from relaxspec.engine.kv import CachedLM
+from relaxspec.engine.kv import CachedLM, new_cache
 from relaxspec.engine.packed import attach
 from relaxspec.engine.proposers.eagle import (
     EagleHead,
     EagleProposer,
     LoadedEagle,
+    causal_mask,
     head_config,
     is_eagle_dir,
     load_eagle,
@@ -41,7 +42,7 @@ from relaxspec.testing import (
     tiny_llama,
     tiny_tokenizer,
 )
-from relaxspec.train.eagle import eagle_loss, eagle_metrics, train_eagle
+from relaxspec.train.eagle import eagle_loss, eagle_metrics, head_outputs, train_eagle, unrolled_mask
 from relaxspec.train.loop import TrainConfig, train
 
 PROMPTS = ["w0 w1", "w3", "w2 w5 w7 w1", "w4 w4", "w6 w0 w2", "w1 w2 w3", "w7", "w5 w3 w1 w6 w0"]
@@ -81,7 +82,7 @@ def trained_head(target: torch.nn.Module, out_dir: Path, steps: int = 80) -> Eag
         head,
         config,
         batch_fn=lambda step, micro: {"input_ids": data[16 * (step % 8) : 16 * (step % 8 + 1)]},
-        loss_fn=lambda m, batch: eagle_loss(m, target, batch, noise=0.1, cls_weight=0.1),
+        loss_fn=lambda m, batch: eagle_loss(m, target, batch, {"noise": 0.1, "cls_weight": 0.1, "unroll": 1}),
         resume=False,
         progress=False,
     )
@@ -115,6 +116,36 @@ def test_training_makes_the_head_agree_with_the_target(eagle_target, head):
     trained = eagle_metrics(head, eagle_target.model, windows)
     assert trained["eagle_reg"] < untrained["eagle_reg"] and trained["eagle_cls"] < untrained["eagle_cls"]
     assert trained["eagle_acc@1"] > untrained["eagle_acc@1"] + 0.25
+
+
+def test_the_unrolled_steps_see_what_a_drafted_chain_sees(eagle_target, head):
+    """Training-time test: unroll step j's element t is the chain's j-th draft after the committed
+    ``x_0 .. x_{t+1}`` — real pairs up to t in the cache, then the head's own features — fed the
+    teacher's tokens, as the proposer computes it at decoding."""
+    target = eagle_target.model
+    ids = target_windows(target, 2, 12, seed=5)
+    features = target.get_decoder()(input_ids=ids).last_hidden_state.float()
+    with torch.no_grad():
+        steps = head_outputs(head, target, ids, features, noise=0.0, unroll=3)
+    assert [tuple(s.shape) for s in steps] == [(2, 11 - j, 32) for j in range(3)]
+    embed = target.get_input_embeddings()
+    for t in (0, 4, 8):
+        cache = new_cache(head)
+        with torch.no_grad():  # the committed pairs (f_0, x_1) .. (f_t, x_{t+1})
+            hidden = head(features[:, : t + 1], embed(ids[:, 1 : t + 2]), torch.arange(t + 1)[None],
+                          causal_mask(t + 1), cache)[:, -1:]  # fmt: skip
+            for j in (2, 3):  # draft j: (f̂, x_{t+j}) at position t + j − 1
+                hidden = head(hidden, embed(ids[:, t + j : t + j + 1]), torch.tensor([[t + j - 1]]),
+                              causal_mask(1, t + j - 1), cache)  # fmt: skip
+                torch.testing.assert_close(hidden[:, 0], steps[j - 1][:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_the_unrolled_mask_shows_the_prefix_and_the_chain():
+    allowed = unrolled_mask(5, 3)[0, 0] == 0  # steps of 4, 3, 2 pairs; step 3 has 2 elements
+    assert allowed.shape == (2, 4 + 3 + 2)
+    # step 1 (4 real pairs) | step 2 (3) | step 3 (2)
+    assert allowed[0].tolist() == [1, 0, 0, 0, 1, 0, 0, 1, 0]
+    assert allowed[1].tolist() == [1, 1, 0, 0, 0, 1, 0, 0, 1]
 
 
 @pytest.mark.parametrize("kernels", ["hf", "packed"])
@@ -511,6 +542,28 @@ def test_train_eagle_bad_input(dirs, tiny_corpus, tmp_path, tok):
     tok.save_pretrained(other)
     with pytest.raises(RelaxSpecError, match="holds a run for another target"):
         train_eagle(other, tiny_corpus, tmp_path / "r", None, overrides=common, progress=False)
+    for bad in (0, 9, 1.5, True):
+        with pytest.raises(RelaxSpecError, match="unroll must be an integer in \\[1, 8\\]"):
+            train_eagle(dirs / "target", tiny_corpus, tmp_path / "u", None,
+                        overrides={**common, "unroll": bad}, progress=False)  # fmt: skip
+    with pytest.raises(RelaxSpecError, match=r"--init head .* was trained for another target"):
+        train_eagle(other, tiny_corpus, tmp_path / "o", None, overrides=common, progress=False,
+                    init=dirs / "head")  # fmt: skip
+
+
+def test_train_eagle_fine_tunes_a_head_with_an_unrolled_objective(dirs, tiny_corpus, tmp_path):
+    """``--init`` starts from a trained head's weights; ``unroll = 3`` trains on the chain's steps."""
+    before = load_eagle(dirs / "head").head
+    common = {"steps": 2, "batch_size": 2, "seq_len": 16, "warmup": 1, "lr": 1e-4}
+    head, _ = train_eagle(dirs / "target", tiny_corpus, tmp_path / "run", tmp_path / "out", progress=False,
+                          overrides={**common, "unroll": 3}, init=dirs / "head")  # fmt: skip
+    pairs = zip(before.parameters(), head.parameters(), strict=True)
+    moved = [float((a - b).abs().max().detach()) for a, b in pairs]
+    assert 0 < max(moved) < 0.01  # near the initial head: fine-tuned from it, not from scratch
+    record = json.loads((tmp_path / "out" / "training.json").read_text())
+    assert record["objective"]["unroll"] == 3 and record["init"] == str(dirs / "head")
+    assert {"eagle_step2_acc", "eagle_step3_acc"} <= set(record["history"][-1])
+    assert "Initialised from" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_a_run_with_another_precision_in_the_same_process_is_not_refused():

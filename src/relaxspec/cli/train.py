@@ -268,7 +268,12 @@ def train_eagle_cmd(
     mixture: MixtureOpt = None,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="training option name=value (also noise, cls_weight of the objective)"),
+        typer.Option(
+            "--set", help="training option name=value (also noise, cls_weight, unroll of the objective)"
+        ),
+    ] = None,
+    init: Annotated[
+        Path | None, typer.Option(help="start from this EAGLE head's weights (fine-tune; same target)")
     ] = None,
 ) -> None:
     """Train (or resume) an EAGLE-style head on the target's hidden states; export it with a model card."""
@@ -284,6 +289,7 @@ def train_eagle_cmd(
         export,
         overrides=overrides,
         mixture=parse_mixture(mixture) if mixture is not None else None,
+        init=init,
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
 

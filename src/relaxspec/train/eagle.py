@@ -11,7 +11,12 @@ and its output ``f̂_{t+1}`` is trained with
 where ``p_{t+1} = softmax(LMHead(f_{t+1}))`` is the target's own law of ``x_{t+2}`` (soft labels,
 as the paper) and ``u_t ~ U(−noise, noise)`` is the data-noise trick: at decoding the head reads
 its own, inexact, predicted features after the first step, so it is trained on perturbed ones.
-The target's embedding and LM head are used frozen and never saved with the head.
+
+``unroll = D > 1`` adds EAGLE-3's training-time test (EAGLE-3 §3.3): step j = 2 .. D feeds pair
+``(f̂_{t+j−1}, x_{t+j})`` — the head's own prediction of step j − 1 — at position t + j − 1, seeing
+what a chain's j-th draft sees at decoding: the real pairs up to t and its own steps 2 .. j at that
+chain (:func:`unrolled_mask`); the loss is the mean over the D steps. The target's embedding and LM
+head are used frozen and never saved with the head.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from accelerate.utils import extract_model_from_parallel
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from relaxspec.data.tokens import training_data
 from relaxspec.engine.proposers.eagle import (
@@ -35,10 +40,11 @@ from relaxspec.engine.proposers.eagle import (
     causal_mask,
     check_fits,
     head_config,
+    load_eagle,
     save_eagle,
     target_fingerprint,
 )
-from relaxspec.errors import RelaxSpecError
+from relaxspec.errors import RelaxSpecError, check_int, check_real
 from relaxspec.models import load_model
 from relaxspec.train.ar import MIXTURE
 from relaxspec.train.cards import write_card
@@ -67,8 +73,11 @@ DEFAULT_RECIPE: dict[str, Any] = {
     "eval_every": 100,
     "ckpt_every": 25,
 }
-# The objective's own settings (EAGLE §3.2 and §4: w_cls = 0.1, uniform noise of width 0.2).
-OBJECTIVE: dict[str, float] = {"noise": 0.1, "cls_weight": 0.1}
+# The objective's own settings (EAGLE §3.2 and §4: w_cls = 0.1, uniform noise of width 0.2; unroll:
+# the training-time test's depth, 1 = EAGLE-1's single teacher-forced step).
+OBJECTIVE: dict[str, float] = {"noise": 0.1, "cls_weight": 0.1, "unroll": 1}
+MAX_UNROLL = 8
+EVAL_UNROLL = 3  # held-out accuracy is reported for the first three chain steps, whatever the unroll
 
 
 def target_features(target: PreTrainedModel, input_ids: torch.Tensor) -> torch.Tensor:
@@ -77,72 +86,111 @@ def target_features(target: PreTrainedModel, input_ids: torch.Tensor) -> torch.T
         return target.get_decoder()(input_ids=input_ids).last_hidden_state.float()
 
 
+def unrolled_mask(T: int, j: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive ``[1, 1, T−j, Σ_{i≤j} (T−i)]`` for unroll step j over windows of T tokens.
+
+    The cache holds steps 1 .. j − 1 (step i: ``T − i`` pairs, element t at position t + i − 1)
+    then step j's own pairs. Element t of step j sees step 1's elements 0 .. t (real features: the
+    committed prefix) and element t of each step 2 .. j (the same chain's earlier drafts)."""
+    n = T - j
+    t = torch.arange(n)[:, None]
+    parts = [torch.arange(T - 1)[None, :] <= t]
+    parts += [torch.arange(T - i)[None, :] == t for i in range(2, j + 1)]
+    allowed = torch.cat(parts, dim=1)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 def head_outputs(
-    head: EagleHead, target: PreTrainedModel, input_ids: torch.Tensor, features: torch.Tensor, noise: float
-) -> torch.Tensor:
-    """``f̂_1 .. f̂_{T−1}`` ``[B, T−1, H]`` from pairs ``(f_t + u_t, x_{t+1})``, t = 0 .. T−2."""
+    head: EagleHead,
+    target: PreTrainedModel,
+    input_ids: torch.Tensor,
+    features: torch.Tensor,
+    noise: float,
+    unroll: int = 1,
+) -> list[torch.Tensor]:
+    """Step j's predictions ``f̂_{t+j}`` ``[B, T−j, H]`` for j = 1 .. ``unroll`` (module doc).
+
+    Step 1 reads pairs ``(f_t + u_t, x_{t+1})``, t = 0 .. T−2; step j > 1 reads step j − 1's
+    output with tokens ``x_{t+j}`` at positions t + j − 1, through one cache of all steps."""
     B, T = input_ids.shape
     inputs = features[:, :-1]
     if noise > 0:
         inputs = inputs + (torch.rand_like(inputs) * 2 - 1) * noise
-    with torch.no_grad():
-        embeds = target.get_input_embeddings()(input_ids[:, 1:])
-    positions = torch.arange(T - 1, device=input_ids.device).expand(B, T - 1)
-    return head(inputs, embeds, positions, causal_mask(T - 1).to(input_ids.device))
+    embed = target.get_input_embeddings()
+    cache = DynamicCache(config=head.config) if unroll > 1 else None
+    outputs: list[torch.Tensor] = []
+    for j in range(1, unroll + 1):
+        n = T - j
+        with torch.no_grad():
+            embeds = embed(input_ids[:, j:])
+        positions = torch.arange(j - 1, j - 1 + n, device=input_ids.device).expand(B, n)
+        mask = causal_mask(n) if j == 1 else unrolled_mask(T, j)
+        outputs.append(head(inputs, embeds, positions, mask.to(input_ids.device), cache))
+        inputs = outputs[-1][:, :-1]
+    return outputs
 
 
 def eagle_losses(
-    head: EagleHead, target: PreTrainedModel, input_ids: torch.Tensor, noise: float
+    head: EagleHead, target: PreTrainedModel, input_ids: torch.Tensor, noise: float, unroll: int = 1
 ) -> dict[str, torch.Tensor]:
-    """``reg`` (smooth L1 of features), ``cls`` (CE against the target's law), ``acc`` (head's top-1
-    equals the target's, teacher-forced one step) on windows ``input_ids[B, T]``."""
+    """``reg`` (smooth L1 of features), ``cls`` (CE against the target's law), both averaged over
+    the ``unroll`` steps, and ``acc`` (head's top-1 equals the target's) per step, ``acc_j``
+    (teacher-forced tokens, the head's own features after step 1), on windows ``input_ids[B, T]``."""
     features = target_features(target, input_ids)
-    predicted = head_outputs(head, target, input_ids, features, noise).float()
-    wanted = features[:, 1:]
     lm_head = target.get_output_embeddings().weight.detach().float()
-    log_q = F.log_softmax(F.linear(predicted, lm_head), dim=-1)
-    with torch.no_grad():
-        target_logits = F.linear(wanted, lm_head)
-        p = F.softmax(target_logits, dim=-1)
-    return {
-        "reg": F.smooth_l1_loss(predicted, wanted),
-        "cls": -(p * log_q).sum(-1).mean(),
-        "acc": (log_q.argmax(-1) == target_logits.argmax(-1)).float().mean(),
-    }
+    losses: dict[str, torch.Tensor] = {"reg": torch.zeros(()), "cls": torch.zeros(())}
+    for j, predicted in enumerate(head_outputs(head, target, input_ids, features, noise, unroll), 1):
+        wanted = features[:, j:]
+        log_q = F.log_softmax(F.linear(predicted.float(), lm_head), dim=-1)
+        with torch.no_grad():
+            target_logits = F.linear(wanted, lm_head)
+            p = F.softmax(target_logits, dim=-1)
+        losses["reg"] = losses["reg"] + F.smooth_l1_loss(predicted.float(), wanted) / unroll
+        losses["cls"] = losses["cls"] - (p * log_q).sum(-1).mean() / unroll
+        losses[f"acc_{j}"] = (log_q.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    return losses
 
 
 def eagle_loss(
-    head: EagleHead, target: PreTrainedModel, batch: dict[str, torch.Tensor], noise: float, cls_weight: float
+    head: EagleHead,
+    target: PreTrainedModel,
+    batch: dict[str, torch.Tensor],
+    objective: dict[str, float],
 ) -> torch.Tensor:
-    """The training loss ``reg + cls_weight · cls`` (module doc)."""
-    losses = eagle_losses(head, target, batch["input_ids"], noise)
-    return losses["reg"] + cls_weight * losses["cls"]
+    """The training loss ``reg + cls_weight · cls`` (module doc) under ``objective`` (:data:`OBJECTIVE`)."""
+    losses = eagle_losses(head, target, batch["input_ids"], objective["noise"], int(objective["unroll"]))
+    return losses["reg"] + objective["cls_weight"] * losses["cls"]
 
 
 @torch.no_grad()
 def eagle_metrics(
     head: EagleHead, target: PreTrainedModel, windows: torch.Tensor, batch_size: int = 8
 ) -> dict[str, float]:
-    """Held-out ``reg``, ``cls`` and ``acc@1`` (no noise) averaged over ``windows[n, T]``."""
-    sums = {"reg": 0.0, "cls": 0.0, "acc": 0.0}
+    """Held-out ``reg``, ``cls`` (step 1), ``acc@1`` and the chain's steps 2 .. 3 accuracy
+    (:data:`EVAL_UNROLL`, no noise) averaged over ``windows[n, T]``."""
+    sums: dict[str, float] = {}
     for start in range(0, len(windows), batch_size):
         ids = windows[start : start + batch_size]
-        losses = eagle_losses(head, target, ids, noise=0.0)
-        for name in sums:
-            sums[name] += losses[name].item() * len(ids)
+        first = eagle_losses(head, target, ids, noise=0.0)
+        chain = eagle_losses(head, target, ids, noise=0.0, unroll=EVAL_UNROLL)
+        values = {"eagle_reg": first["reg"], "eagle_cls": first["cls"], "eagle_acc@1": first["acc_1"]}
+        values |= {f"eagle_step{j}_acc": chain[f"acc_{j}"] for j in range(2, EVAL_UNROLL + 1)}
+        for name, value in values.items():
+            sums[name] = sums.get(name, 0.0) + value.item() * len(ids)
     n = max(len(windows), 1)
-    return {"eagle_reg": sums["reg"] / n, "eagle_cls": sums["cls"] / n, "eagle_acc@1": sums["acc"] / n}
+    return {name: total / n for name, total in sums.items()}
 
 
 def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, float]]:
-    """``--set`` items: (TrainConfig fields, objective settings ``noise``/``cls_weight``), validated."""
+    """``--set`` items: (TrainConfig fields, objective settings :data:`OBJECTIVE`), validated."""
     rest, objective = dict(overrides or {}), dict(OBJECTIVE)
     for name in OBJECTIVE:
         if name in rest:
             value = rest.pop(name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 10:
-                raise RelaxSpecError(f"{name} must be a number in [0, 10], got {value!r}")
-            objective[name] = float(value)
+            if name == "unroll":
+                objective[name] = check_int(name, value, 1, MAX_UNROLL)
+            else:
+                objective[name] = float(check_real(name, value, 0, 10))
     return rest, objective
 
 
@@ -159,7 +207,8 @@ EAGLE_CARD_SUMMARY = (
 EAGLE_CARD_OBJECTIVE = [
     "`SmoothL1(f̂, f) + w_cls · CE(p_target, softmax(LMHead(f̂)))` on the frozen target's final hidden "
     "states over the corpus mixture, with uniform noise on the input features (the data-noise trick); "
-    "see `relaxspec.train.eagle`.",
+    "with `unroll` > 1, averaged over that many chain steps, each fed the head's own predicted features "
+    "(EAGLE-3's training-time test); see `relaxspec.train.eagle`.",
 ]
 
 
@@ -177,7 +226,16 @@ def write_eagle_card(model_dir: str | Path, metrics: dict[str, Any] | None = Non
         ("Objective", [*EAGLE_CARD_OBJECTIVE, f"Settings: `{json.dumps(record.get('objective', {}))}`."]),
         ("Target", [f"`{record.get('target_dir')}`: `{json.dumps(record.get('target', {}))}`"]),
     ]
+    if record.get("init"):
+        sections.append(("Initialised from", [f"`{record['init']}` (fine-tuned from that head's weights)"]))
     return write_card(model_dir, "eagle — EAGLE-style drafter head", summary, sections, metrics)
+
+
+def _initial_head(init: str | Path, target: PreTrainedModel) -> EagleHead:
+    """A trained head to fine-tune, refused unless it was trained for this target."""
+    loaded = load_eagle(init)
+    check_fits(loaded.target, target, where=f"the --init head {init}")
+    return loaded.head.train()
 
 
 def _check_run_target(run_dir: Path, fingerprint: dict[str, Any]) -> None:
@@ -200,12 +258,15 @@ def train_eagle(
     progress: bool = True,
     command: str | None = None,
     mixture: dict[str, float] | None = None,
+    init: str | Path | None = None,
 ) -> tuple[EagleHead, TrainState]:
     """Train (or resume) an EAGLE head for the target at ``target_dir``; export when complete.
 
-    ``overrides``: ``TrainConfig`` fields on :data:`DEFAULT_RECIPE`, plus ``noise`` and
-    ``cls_weight`` (:data:`OBJECTIVE`). The export (:func:`_export`) happens only once all steps
-    are done; an interrupted run resumes from its newest checkpoint in ``run_dir``.
+    ``overrides``: ``TrainConfig`` fields on :data:`DEFAULT_RECIPE`, plus the objective's settings
+    (:data:`OBJECTIVE`). ``init``: a head directory for this target to start from (fine-tuning,
+    e.g. with a deeper unroll); a resumed checkpoint takes precedence. The export
+    (:func:`_export`) happens only once all steps are done; an interrupted run resumes from its
+    newest checkpoint in ``run_dir``.
     """
     loaded = load_model(target_dir)
     target, tokenizer = loaded.model, loaded.tokenizer
@@ -224,32 +285,27 @@ def train_eagle(
         "target": fingerprint,
         "objective": objective,
         "mixture": weights,
+        "init": None if init is None else str(init),
         "command": command or shlex.join(["relaxspec", *sys.argv[1:]]),
     }
     write_run_record(run, record)
 
     torch.manual_seed(config.seed)
-    head = EagleHead(head_config(target))
+    head = EagleHead(head_config(target)) if init is None else _initial_head(init, target)
     started = time.perf_counter()
     head, state = train(
         head,
         config,
         batch_fn=window_batches(data, config),
-        loss_fn=lambda m, batch: eagle_loss(m, target, batch, objective["noise"], objective["cls_weight"]),
+        loss_fn=lambda m, batch: eagle_loss(m, target, batch, objective),
         eval_fn=lambda m: eagle_metrics(m, target, heldout["math_eval"]),
         progress=progress,
     )
     head = extract_model_from_parallel(head, keep_fp32_wrapper=False).float().eval()
     if export_dir is not None and state.step >= config.steps:
         check_fits(fingerprint, target)  # the target was not changed under the run
-        _export(
-            head,
-            target,
-            state,
-            config,
-            {**record, "session_seconds": time.perf_counter() - started},
-            export_dir,
-        )
+        record["session_seconds"] = time.perf_counter() - started
+        _export(head, target, state, config, record, export_dir)
     return head, state
 
 
