@@ -25,6 +25,7 @@ from relaxspec.engine.threads import (
     others_cpus,
     parse_threads,
     resolve_threads,
+    torch_threads_kept,
 )
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.contention import SPIN, busy_neighbours, neighbour_cpus
@@ -329,3 +330,16 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return ""
+
+
+def test_torch_threads_kept_restores_a_count_changed_inside():
+    import torch
+
+    torch.set_num_threads(1)
+    with torch_threads_kept():
+        torch.set_num_threads(2)  # what numba's OpenMP layer does behind torch's back
+    assert torch.get_num_threads() == 1
+    with pytest.raises(ValueError), torch_threads_kept():
+        torch.set_num_threads(2)
+        raise ValueError  # restored on the way out of a failure too
+    assert torch.get_num_threads() == 1

@@ -12,6 +12,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 if os.environ.get("RELAXSPEC_REQUIRE_VLLM") == "1":  # CI's vLLM environment: never skip
     import vllm
@@ -76,6 +77,16 @@ def test_nsd_on_ngram_accepts_at_least_as_many_drafts_as_sd(ngram):
 
 
 @pytest.mark.slow  # starts vLLM engines
+def test_the_ngram_proposer_leaves_torchs_thread_count_alone(ngram):
+    """vLLM's ngram proposer runs numba, whose OpenMP layer reset the process's thread count to
+    every CPU: our engine's tiny forwards in the same process (the next test module) ran ~15x slower."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("numba's default thread count is this process's one CPU: nothing can change")
+    torch._C.set_num_threads(1)  # vLLM's CPU worker made torch.set_num_threads a no-op in-process
+    ngram.generate(PROMPTS[:2], max_new_tokens=8)
+    assert torch.get_num_threads() == 1
+
+
 def test_seeded_sampling_on_ngram_is_reproducible(ngram):
     nsd = {"rule": "nsd", "theta": 0.9}
     runs = [

@@ -20,11 +20,12 @@ it must be in the environment before torch loads its OpenMP runtime.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from relaxspec.errors import RelaxSpecError
@@ -283,6 +284,25 @@ def _torch_set_threads(n: int) -> None:
 
 
 _GOVERNOR: ThreadGovernor | None = None
+
+
+@contextlib.contextmanager
+def torch_threads_kept() -> Iterator[None]:
+    """Restore torch's intra-op thread count after code that changes it behind torch's back.
+
+    numba's OpenMP threading layer (vLLM's ``ngram`` proposer runs numba in the engine's process)
+    sets the process's OpenMP thread count when it restores its own: torch, on the same runtime,
+    then runs its next forwards on every CPU, and tiny forwards beside other work slowed ~15x. The
+    restore calls torch's own setter: vLLM's CPU worker replaces ``torch.set_num_threads`` in its
+    process with a no-op once it has bound its threads, and the count restored is the one it bound."""
+    import torch
+
+    n = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != n:
+            torch._C.set_num_threads(n)
 
 
 def follow_cpus() -> None:

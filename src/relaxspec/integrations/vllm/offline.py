@@ -25,6 +25,7 @@ from typing import Any
 
 from relaxspec.core.sampling import check_temperature, check_top_p
 from relaxspec.engine.proposers.eagle import is_eagle_dir
+from relaxspec.engine.threads import torch_threads_kept
 from relaxspec.errors import RelaxSpecError, check_int, check_real
 from relaxspec.integrations import vllm as plugin
 from relaxspec.integrations.vllm.drafts import draft_speculative_config
@@ -328,7 +329,8 @@ class VLLMEngine:
         from vllm import LLM
 
         make_llvmlite_scannable()  # stock too: an ngram engine earlier in this process imported numba
-        with self._plugin_state(), _env(**engine_env(self.stock, self.multiprocessing, self.rule)):
+        env = engine_env(self.stock, self.multiprocessing, self.rule)
+        with self._plugin_state(), _env(**env), torch_threads_kept():
             return LLM(**kwargs)
 
     # -- plugin on/off where vLLM runs in this process --------------------------------------------
@@ -428,7 +430,7 @@ class VLLMEngine:
             self.sampling_params(temperature, max_new_tokens, seed, top_k, top_p, stop, r, ignore_eos)
             for r in rules
         ]
-        with self._plugin_state():
+        with self._plugin_state(), torch_threads_kept():  # an in-process ngram proposer's numba
             return self._run(prompts, params, rules)
 
     def _run(self, prompts: list[str], params: list[Any], rules: list[Any]) -> list[VLLMResult]:
