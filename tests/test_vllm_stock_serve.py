@@ -68,16 +68,17 @@ def url(tmp_path_factory):
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
-        else:
-            raise TimeoutError(log.read_text(errors="replace")[-3000:])
+        with httpx.Client(timeout=2) as client:  # one client: httpx.get builds one per call
+            while time.monotonic() < deadline:
+                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                try:
+                    if client.get(f"{base}/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(2)
+            else:
+                raise TimeoutError(log.read_text(errors="replace")[-3000:])
         LOGS[base] = log
         yield base
     finally:

@@ -313,15 +313,18 @@ class SpawnedServer:
     def wait_ready(self, timeout: float) -> None:
         """Poll ``/health`` until it answers; a clear error if the process exits or times out."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RelaxSpecError(f"the {self.method} server exited at start-up:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        # One client for every poll: httpx.get builds a client, and its TLS context, per call
+        # (~18 ms of CPU: a tenth of a core at this rate, taken from the server it waits for).
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RelaxSpecError(f"the {self.method} server exited at start-up:\n{self.log_tail()}")
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
         raise RelaxSpecError(
             f"the {self.method} server did not start within {timeout:.0f}s:\n{self.log_tail()}"
         )
