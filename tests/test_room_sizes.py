@@ -1,4 +1,4 @@
-"""Rooms stay small (issue 30): no source file over 1,000 lines, no function over 60 lines or
+"""Rooms stay small (issue 30): no source file over 600 lines, no function over 60 lines or
 with more than 10 parameters (``self`` / ``cls`` not counted). The command signatures of ``cli/``
 are exempt from both: each parameter is a flag with its help, so there a function's lines are
 counted from its docstring down.
@@ -16,7 +16,7 @@ from pathlib import Path
 import relaxspec
 
 PACKAGE = Path(relaxspec.__file__).parent
-MAX_FILE_LINES = 1000
+MAX_FILE_LINES = 600  # issue 30: ~600, pure data tables aside (none is over it today)
 MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 10
 SIGNATURES_EXEMPT = ("cli/",)  # typer commands: one parameter per flag
