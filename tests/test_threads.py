@@ -25,6 +25,7 @@ from relaxspec.engine.threads import (
     others_cpus,
     parse_threads,
     resolve_threads,
+    set_torch_threads,
     torch_threads_kept,
 )
 from relaxspec.errors import RelaxSpecError
@@ -335,11 +336,28 @@ def _state(pid: int) -> str:
 def test_torch_threads_kept_restores_a_count_changed_inside():
     import torch
 
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     with torch_threads_kept():
-        torch.set_num_threads(2)  # what numba's OpenMP layer does behind torch's back
+        torch._C.set_num_threads(2)  # what numba's OpenMP layer does behind torch's back
     assert torch.get_num_threads() == 1
     with pytest.raises(ValueError), torch_threads_kept():
-        torch.set_num_threads(2)
+        torch._C.set_num_threads(2)
         raise ValueError  # restored on the way out of a failure too
     assert torch.get_num_threads() == 1
+    with torch_threads_kept(during=2):  # vLLM's calls run on the count vLLM bound
+        assert torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 1
+
+
+def test_our_thread_count_is_set_where_vllm_made_torchs_setter_a_no_op(monkeypatch):
+    """vLLM's CPU worker replaces torch.set_num_threads in its process with a warning and no
+    effect; --threads must still reach our engine's forwards (a bench with vLLM peers)."""
+    import torch
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        assert configure_threads(2, follow=False) == 2
+        assert configure_threads(1, follow=False) == 1
+    finally:
+        set_torch_threads(1)

@@ -226,7 +226,7 @@ class ThreadGovernor:
     ) -> None:
         self.cpus, self.limit, self.interval = cpus, max(1, limit), interval
         self._clock, self._read_stat, self._own_time = clock, read_stat, own_time
-        self._set_threads = set_threads or _torch_set_threads
+        self._set_threads = set_threads or set_torch_threads
         self._ticks = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -277,32 +277,40 @@ class ThreadGovernor:
         self.threads = max(1, min(self.limit, len(self.cpus) - taken))
 
 
-def _torch_set_threads(n: int) -> None:
+def set_torch_threads(n: int) -> None:
+    """torch's intra-op thread count, set through torch's own setter: vLLM's CPU worker replaces
+    ``torch.set_num_threads`` with a no-op in its process once it has bound its threads, which
+    would silently drop ``--threads`` for every row our engine runs beside an in-process vLLM
+    engine (a bench with vLLM peers). vLLM's calls get its own count back
+    (:func:`torch_threads_kept`)."""
     import torch
 
-    torch.set_num_threads(n)
+    torch._C.set_num_threads(n)
 
 
 _GOVERNOR: ThreadGovernor | None = None
 
 
 @contextlib.contextmanager
-def torch_threads_kept() -> Iterator[None]:
-    """Restore torch's intra-op thread count after code that changes it behind torch's back.
+def torch_threads_kept(during: int | None = None) -> Iterator[None]:
+    """Run a block with torch's intra-op thread count set to ``during`` (None: as it is), then
+    put back the count it found, whatever the block did to it.
 
-    numba's OpenMP threading layer (vLLM's ``ngram`` proposer runs numba in the engine's process)
-    sets the process's OpenMP thread count when it restores its own: torch, on the same runtime,
-    then runs its next forwards on every CPU, and tiny forwards beside other work slowed ~15x. The
-    restore calls torch's own setter: vLLM's CPU worker replaces ``torch.set_num_threads`` in its
-    process with a no-op once it has bound its threads, and the count restored is the one it bound."""
+    Used around vLLM's calls in our process: ``during`` is the count vLLM bound its threads for,
+    and the restore undoes numba's OpenMP layer (vLLM's ``ngram`` proposer runs numba in the
+    engine's process), which sets the process's OpenMP thread count when it restores its own —
+    torch, on the same runtime, then ran its next forwards on every CPU, and tiny forwards beside
+    other work slowed ~15x."""
     import torch
 
     n = torch.get_num_threads()
+    if during is not None and during != n:
+        set_torch_threads(during)
     try:
         yield
     finally:
         if torch.get_num_threads() != n:
-            torch._C.set_num_threads(n)
+            set_torch_threads(n)
 
 
 def follow_cpus() -> None:
@@ -323,7 +331,7 @@ def configure_threads(threads: int | None = None, follow: bool = True) -> int:
     global _GOVERNOR
     n = resolve_threads(threads)
     if n is not None:
-        torch.set_num_threads(n)
+        set_torch_threads(n)
     chosen_here = threads is None and not any(
         os.environ.get(var, "").strip() for var in (ENV_THREADS, "OMP_NUM_THREADS")
     )

@@ -326,12 +326,15 @@ class VLLMEngine:
 
     def _start(self, kwargs: dict[str, Any]) -> Any:
         """``vllm.LLM(**kwargs)`` with the plugin in (or out, stock) and vLLM's environment set."""
+        import torch
         from vllm import LLM
 
         make_llvmlite_scannable()  # stock too: an ngram engine earlier in this process imported numba
         env = engine_env(self.stock, self.multiprocessing, self.rule)
         with self._plugin_state(), _env(**env), torch_threads_kept():
-            return LLM(**kwargs)
+            llm = LLM(**kwargs)
+            self.threads = torch.get_num_threads()  # what vLLM bound its threads for, in-process
+            return llm
 
     # -- plugin on/off where vLLM runs in this process --------------------------------------------
 
@@ -430,7 +433,7 @@ class VLLMEngine:
             self.sampling_params(temperature, max_new_tokens, seed, top_k, top_p, stop, r, ignore_eos)
             for r in rules
         ]
-        with self._plugin_state(), torch_threads_kept():  # an in-process ngram proposer's numba
+        with self._plugin_state(), torch_threads_kept(during=self.threads):  # ours back after
             return self._run(prompts, params, rules)
 
     def _run(self, prompts: list[str], params: list[Any], rules: list[Any]) -> list[VLLMResult]:
