@@ -17,13 +17,14 @@ else:
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import openai
+
+from relaxspec.serve.loadtest import wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test"
@@ -67,18 +68,8 @@ def url(tmp_path_factory):
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        with httpx.Client(timeout=2) as client:  # one client: httpx.get builds one per call
-            while time.monotonic() < deadline:
-                assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-                try:
-                    if client.get(f"{base}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(2)
-            else:
-                raise TimeoutError(log.read_text(errors="replace")[-3000:])
+        if not wait_healthy(base, proc, 600, interval=2):
+            raise TimeoutError(log.read_text(errors="replace")[-3000:])
         LOGS[base] = log
         yield base
     finally:

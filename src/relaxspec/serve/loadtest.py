@@ -275,6 +275,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float, interval: float = 0.2) -> bool:
+    """Poll ``url/health`` until it answers 200 (True), or ``process`` exits or ``timeout`` seconds
+    pass (False). One client for every poll: ``httpx.get`` builds a client, and its TLS context,
+    per call (~18 ms of CPU: a tenth of a core at 5 polls a second, taken from the server)."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+            time.sleep(interval)
+    return False
+
+
 class SpawnedServer:
     """``relaxspec serve`` for one method in a subprocess on a free loopback port."""
 
@@ -312,22 +328,13 @@ class SpawnedServer:
 
     def wait_ready(self, timeout: float) -> None:
         """Poll ``/health`` until it answers; a clear error if the process exits or times out."""
-        deadline = time.monotonic() + timeout
-        # One client for every poll: httpx.get builds a client, and its TLS context, per call
-        # (~18 ms of CPU: a tenth of a core at this rate, taken from the server it waits for).
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RelaxSpecError(f"the {self.method} server exited at start-up:\n{self.log_tail()}")
-                try:
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
-        raise RelaxSpecError(
-            f"the {self.method} server did not start within {timeout:.0f}s:\n{self.log_tail()}"
-        )
+        if not wait_healthy(self.url, self.process, timeout):
+            what = (
+                "exited at start-up"
+                if self.process.poll() is not None
+                else f"did not start within {timeout:.0f}s"
+            )
+            raise RelaxSpecError(f"the {self.method} server {what}:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 20) -> str:
         self._log.flush()
