@@ -299,8 +299,8 @@ def torch_threads_kept(during: int | None = None) -> Iterator[None]:
     Used around vLLM's calls in our process: ``during`` is the count vLLM bound its threads for,
     and the restore undoes numba's OpenMP layer (vLLM's ``ngram`` proposer runs numba in the
     engine's process), which sets the process's OpenMP thread count when it restores its own —
-    torch, on the same runtime, then ran its next forwards on every CPU, and tiny forwards beside
-    other work slowed ~15x."""
+    torch, on the same runtime, then ran its next forwards on every CPU, contending with other
+    work (docs/design.md §11)."""
     import torch
 
     n = torch.get_num_threads()

@@ -278,7 +278,7 @@ def free_port() -> int:
 def wait_healthy(url: str, process: subprocess.Popen, timeout: float, interval: float = 0.2) -> bool:
     """Poll ``url/health`` until it answers 200 (True), or ``process`` exits or ``timeout`` seconds
     pass (False). One client for every poll: ``httpx.get`` builds a client, and its TLS context,
-    per call (~18 ms of CPU: a tenth of a core at 5 polls a second, taken from the server)."""
+    per call, a CPU cost taken from the starting server (docs/design.md §11)."""
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline and process.poll() is None:
