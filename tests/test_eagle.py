@@ -546,6 +546,9 @@ def test_train_eagle_bad_input(dirs, tiny_corpus, tmp_path, tok):
         with pytest.raises(RelaxSpecError, match="unroll must be an integer in \\[1, 8\\]"):
             train_eagle(dirs / "target", tiny_corpus, tmp_path / "u", None,
                         overrides={**common, "unroll": bad}, progress=False)  # fmt: skip
+    with pytest.raises(RelaxSpecError, match="unroll must be below seq_len"):
+        train_eagle(dirs / "target", tiny_corpus, tmp_path / "u", None,
+                    overrides={**common, "seq_len": 4, "unroll": 4}, progress=False)  # fmt: skip
     with pytest.raises(RelaxSpecError, match=r"--init head .* was trained for another target"):
         train_eagle(other, tiny_corpus, tmp_path / "o", None, overrides=common, progress=False,
                     init=dirs / "head")  # fmt: skip

