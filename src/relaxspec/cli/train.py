@@ -269,7 +269,9 @@ def train_eagle_cmd(
     set_: Annotated[
         list[str] | None,
         typer.Option(
-            "--set", help="training option name=value (also noise, cls_weight, unroll of the objective)"
+            "--set",
+            help="training option name=value (also noise, cls_weight, unroll of the objective; "
+            "draft_vocab: the export's default draft vocabulary size, 0 = all tokens)",
         ),
     ] = None,
     init: Annotated[
@@ -292,6 +294,38 @@ def train_eagle_cmd(
         init=init,
     )
     print(f"step {state.step}, {state.tokens_seen} tokens, {state.elapsed_seconds / 60:.1f} min")
+
+
+@train_app.command("eagle-vocab")
+def train_eagle_vocab_cmd(
+    head: Annotated[Path, typer.Option(help="the EAGLE head directory to give a draft vocabulary")] = Path(
+        "models/eagle"
+    ),
+    target: TargetOpt = None,
+    corpus: Path = Path("data/corpus"),
+    size: Annotated[
+        int, typer.Option(help="default draft vocabulary size: the n most frequent tokens (0: all)")
+    ] = 1024,
+    mixture: MixtureOpt = None,
+) -> None:
+    """Rank the target's tokens by training-data frequency and store the ranking in an EAGLE head
+    directory: the head then drafts over its ``size`` most frequent tokens (EAGLE-3's draft
+    vocabulary; ``--set eagle_vocab=n`` chooses another size at run time)."""
+    from relaxspec.engine.proposers.draft_vocab import VOCAB_FILE
+    from relaxspec.train.draft_vocab import write_eagle_vocab
+    from relaxspec.train.eagle import write_eagle_card
+
+    shares = write_eagle_vocab(
+        head,
+        role_dir(target, "target"),
+        corpus,
+        size,
+        mixture=parse_mixture(mixture) if mixture is not None else None,
+    )
+    if (head / "training.json").is_file():
+        write_eagle_card(head)  # the card names the default size
+    covered = ", ".join(f"{name} {share:.4f}" for name, share in shares.items())
+    print(f"wrote {head / VOCAB_FILE}: default size {size}; tokens covered: {covered}")
 
 
 @train_app.command("distill-data")

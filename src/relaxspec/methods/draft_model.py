@@ -10,6 +10,7 @@ from collections.abc import Callable
 from relaxspec.core.named_rules import RULES, RuleSpec
 from relaxspec.engine import Engine
 from relaxspec.engine.proposers.draft_model import DraftModel
+from relaxspec.engine.proposers.draft_vocab import draft_vocabulary
 from relaxspec.engine.proposers.eagle import EagleProposer, LoadedEagle
 from relaxspec.errors import RelaxSpecError, is_int
 from relaxspec.methods.registry import MethodSpec, ModelSet, VllmRow, no_check, register
@@ -55,6 +56,21 @@ STOP_BELOW = Param(
 )
 
 
+# An EAGLE head's draft vocabulary (EAGLE-3; engine/proposers/draft_vocab.py): the head's law is
+# over its n most frequent training tokens. Our engine only: vLLM's eagle proposer drafts over the
+# full vocabulary.
+EAGLE_VOCAB = Param(
+    "eagle_vocab",
+    int,
+    None,
+    "EAGLE head's draft vocabulary: its n most frequent tokens (0: all; None: the head's default; "
+    "a draft model ignores it)",
+    lo=0,
+    hi=1 << 20,
+    optional=True,
+)
+
+
 def check_drafter(drafter: str, proposer: str = "draft") -> str:
     """``drafter`` checked (:data:`DRAFTER`); a model role other than ``draft`` drafts through vLLM's
     model proposers (draft-model or eagle), so it takes ``proposer=draft``."""
@@ -88,12 +104,17 @@ PROMPT_LOOKUP_MAX = Param(
 
 
 def draft_proposer(
-    target: LoadedModel, draft: LoadedModel | LoadedEagle, stop_below: float = 0.0
+    target: LoadedModel,
+    draft: LoadedModel | LoadedEagle,
+    stop_below: float = 0.0,
+    eagle_vocab: int | None = None,
 ) -> DraftModel | EagleProposer:
     """What ``--draft`` proposes with: a draft model, or an EAGLE head drafting from the target's
-    hidden states (checked against the target it was trained for); ``stop_below``: :data:`STOP_BELOW`."""
+    hidden states (checked against the target it was trained for) over its draft vocabulary
+    (:data:`EAGLE_VOCAB`); ``stop_below``: :data:`STOP_BELOW`."""
     if isinstance(draft, LoadedEagle):
-        return EagleProposer(draft.head, target.model, draft.target, stop_below)
+        vocab = draft_vocabulary(draft.ranking, eagle_vocab, draft.vocab_default, str(draft.path))
+        return EagleProposer(draft.head, target.model, draft.target, stop_below, vocab)
     check_compatible(target.model, draft.model, "draft")
     check_same_tokenizer(target.tokenizer, draft.tokenizer, "draft")
     return DraftModel(draft.model, stop_below)
@@ -115,15 +136,15 @@ def draft_model_method(
         return Engine(
             target.model,
             target.tokenizer,
-            proposer=draft_proposer(target, draft, p.stop_below),
+            proposer=draft_proposer(target, draft, p.stop_below, p.eagle_vocab),
             rule=sampling,
             greedy_rule=None if sampling_only else greedy,
             k=p.k,
         )
 
-    params = declare(K, DRAFTER, STOP_BELOW, *rule.params.values())
+    params = declare(K, DRAFTER, STOP_BELOW, EAGLE_VOCAB, *rule.params.values())
     lookup = declare(RULE_PROPOSER, PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX)
-    row = VllmRow("draft", lookup, drops=("stop_below",))  # vLLM's proposers draft k
+    row = VllmRow("draft", lookup, drops=("stop_below", "eagle_vocab"))  # vLLM's draft k, full vocab
     return MethodSpec(
         name, summary, ("target", "draft"), params, build, validate, optional=("eagle",), rule=rule, vllm=row
     )

@@ -35,6 +35,7 @@ from accelerate.utils import extract_model_from_parallel
 from transformers import DynamicCache, PreTrainedModel
 
 from relaxspec.data.tokens import training_data
+from relaxspec.engine.proposers.draft_vocab import VOCAB_FILE, load_ranking, save_ranking
 from relaxspec.engine.proposers.eagle import (
     EagleHead,
     causal_mask,
@@ -48,6 +49,7 @@ from relaxspec.errors import RelaxSpecError, check_int, check_real
 from relaxspec.models import load_model
 from relaxspec.train.ar import MIXTURE
 from relaxspec.train.cards import write_card
+from relaxspec.train.draft_vocab import eos_first, token_ranking
 from relaxspec.train.loop import (
     TrainConfig,
     TrainState,
@@ -184,8 +186,10 @@ def eagle_metrics(
 
 
 def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, float]]:
-    """``--set`` items: (TrainConfig fields, objective settings :data:`OBJECTIVE`), validated."""
+    """``--set`` items: (TrainConfig fields, objective settings :data:`OBJECTIVE`), validated;
+    ``draft_vocab`` is the export's (:func:`train_eagle` reads it)."""
     rest, objective = dict(overrides or {}), dict(OBJECTIVE)
+    rest.pop("draft_vocab", None)
     for name in OBJECTIVE:
         if name in rest:
             value = rest.pop(name)
@@ -230,6 +234,14 @@ def write_eagle_card(model_dir: str | Path, metrics: dict[str, Any] | None = Non
     ]
     if record.get("init"):
         sections.append(("Initialised from", [f"`{record['init']}` (fine-tuned from that head's weights)"]))
+    ranked = load_ranking(model_dir, int(record.get("target", {}).get("vocab_size", 0)))
+    if ranked is not None:
+        size = f"its {ranked[1]} most frequent tokens" if ranked[1] else "the full vocabulary (default 0)"
+        sections.append(("Draft vocabulary", [
+            f"`{VOCAB_FILE}` ranks every token by training-data frequency (EAGLE-3's draft vocabulary); "
+            f"the head drafts over {size}; `--set eagle_vocab=n` picks another size (0: all tokens); "
+            "`relaxspec train eagle-vocab` rewrites it.",
+        ]))  # fmt: skip
     return write_card(model_dir, "eagle — EAGLE-style drafter head", summary, sections, metrics)
 
 
@@ -264,14 +276,18 @@ def train_eagle(
 ) -> tuple[EagleHead, TrainState]:
     """Train (or resume) an EAGLE head for the target at ``target_dir``; export when complete.
 
-    ``overrides``: ``TrainConfig`` fields on :data:`DEFAULT_RECIPE`, plus the objective's settings
-    (:data:`OBJECTIVE`). ``init``: a head directory for this target to start from (fine-tuning,
+    ``overrides``: ``TrainConfig`` fields on :data:`DEFAULT_RECIPE`, the objective's settings
+    (:data:`OBJECTIVE`), and ``draft_vocab`` (the default size of the export's draft vocabulary,
+    train/draft_vocab.py; 0, the default: the full vocabulary; the ranking is written either way).
+    ``init``: a head directory for this target to start from (fine-tuning,
     e.g. with a deeper unroll); a resumed checkpoint takes precedence. The export
     (:func:`_export`) happens only once all steps are done; an interrupted run resumes from its
     newest checkpoint in ``run_dir``.
     """
     loaded = load_model(target_dir)
     target, tokenizer = loaded.model, loaded.tokenizer
+    vocab_size = int(target.get_output_embeddings().weight.shape[0])
+    draft_vocab = check_int("draft_vocab", (overrides or {}).get("draft_vocab", 0), 0, vocab_size)
     train_overrides, objective = split_overrides(overrides)
     config, run = make_config(run_dir, DEFAULT_RECIPE, train_overrides), Path(run_dir)
     check_seq_len(config, loaded.context_length)
@@ -283,15 +299,8 @@ def train_eagle(
 
     weights = mixture or MIXTURE
     data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=16)
-    record: dict[str, Any] = {
-        "kind": "eagle-head",
-        "target_dir": str(target_dir),
-        "target": fingerprint,
-        "objective": objective,
-        "mixture": weights,
-        "init": None if init is None else str(init),
-        "command": command or shlex.join(["relaxspec", *sys.argv[1:]]),
-    }
+    settings = {"objective": objective, "mixture": weights, "draft_vocab": draft_vocab}
+    record = _run_record(target_dir, fingerprint, settings, init, command)
     write_run_record(run, record)
 
     torch.manual_seed(config.seed)
@@ -309,8 +318,27 @@ def train_eagle(
     if export_dir is not None and state.step >= config.steps:
         check_fits(fingerprint, target)  # the target was not changed under the run
         record["session_seconds"] = time.perf_counter() - started
-        _export(head, target, state, config, record, export_dir)
+        ranking = token_ranking(data, vocab_size, first=eos_first(tokenizer))
+        _export(head, target, state, config, record, export_dir, (ranking, draft_vocab))
     return head, state
+
+
+def _run_record(
+    target_dir: str | Path,
+    fingerprint: dict[str, Any],
+    settings: dict[str, Any],
+    init: str | Path | None,
+    command: str | None,
+) -> dict[str, Any]:
+    """What ``run.json`` and the export's ``training.json`` record of a run before it trains."""
+    return {
+        "kind": "eagle-head",
+        "target_dir": str(target_dir),
+        "target": fingerprint,
+        **settings,
+        "init": None if init is None else str(init),
+        "command": command or shlex.join(["relaxspec", *sys.argv[1:]]),
+    }
 
 
 def _export(
@@ -320,8 +348,10 @@ def _export(
     config: TrainConfig,
     record: dict[str, Any],
     export_dir: str | Path,
+    vocab: tuple[torch.Tensor, int],
 ) -> None:
-    """The head's weights and config, ``training.json`` (the run record and its history) and a card."""
+    """The head's weights and config, its draft vocabulary ``(ranking, default size)``,
+    ``training.json`` (the run record and its history) and a card."""
     record.update(
         train_config=asdict(config),
         parameters=sum(p.numel() for p in head.parameters()),
@@ -332,5 +362,6 @@ def _export(
         history=state.history,
     )
     save_eagle(head, target, export_dir)
+    save_ranking(export_dir, *vocab)
     (Path(export_dir) / "training.json").write_text(json.dumps(record, indent=1))
     write_eagle_card(export_dir)

@@ -30,6 +30,7 @@ from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine.kv import CachedLM, new_cache
 from relaxspec.engine.packed import PackedLayer, PackedLayers, packed_forward, packed_linear
 from relaxspec.engine.proposers.base import Proposal, draft_chain
+from relaxspec.engine.proposers.draft_vocab import ReducedHead, load_ranking
 from relaxspec.engine.proposers.rows import drafter_logits
 from relaxspec.errors import RelaxSpecError
 
@@ -165,14 +166,15 @@ class EagleHead(nn.Module):
         features: torch.Tensor,
         embeds: torch.Tensor,
         position_ids: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         cache: Any = None,
     ) -> torch.Tensor:
-        """``mask``: additive float ``[B|1, 1, T, S+T]`` (0 = attend) over the ``cache``'s S entries."""
+        """``mask``: additive float ``[B|1, 1, T, S+T]`` (0 = attend) over the ``cache``'s S entries;
+        None when every new position sees every key (one new token)."""
         x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))
         return self.layers[0](
             x,
-            attention_mask=mask.to(x.dtype),
+            attention_mask=None if mask is None else mask.to(x.dtype),
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=cache is not None,
@@ -197,7 +199,7 @@ class PackedEagleHead(PackedLayers):
         features: torch.Tensor,
         embeds: torch.Tensor,
         position_ids: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         cache: Any,
     ) -> torch.Tensor:
         x = self.fc(torch.cat([embeds.float(), features.float()], dim=-1))  # [B, T, H] float32
@@ -206,6 +208,7 @@ class PackedEagleHead(PackedLayers):
 
 
 PACKED_ATTRIBUTE = "relaxspec_packed_head"  # where head_forward keeps the head's packed copy
+REDUCED_ATTRIBUTE = "relaxspec_reduced_heads"  # where reduced_head keeps the draft-vocabulary heads
 
 
 def head_forward(head: EagleHead, target: PreTrainedModel) -> Any:
@@ -223,6 +226,19 @@ def head_forward(head: EagleHead, target: PreTrainedModel) -> Any:
     return cached[1]
 
 
+def reduced_head(head: EagleHead, target: PreTrainedModel, ids: torch.Tensor) -> ReducedHead:
+    """The target's LM head over the draft vocabulary ``ids`` (engine/proposers/draft_vocab.py),
+    made once per head, target weights kind and vocabulary (a server builds an engine per request)."""
+    packed = packed_forward(target)
+    weight = target.get_output_embeddings().weight
+    key = (id(target), packed.weights if packed is not None else "hf", weight._version, len(ids))
+    made = head.__dict__.setdefault(REDUCED_ATTRIBUTE, {})
+    if key not in made or not torch.equal(made[key].ids, ids):
+        made.clear()  # one target and vocabulary at a time: an old copy is not kept alive
+        made[key] = ReducedHead(target, ids)
+    return made[key]
+
+
 def causal_mask(T: int, past: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Additive ``[1, 1, T, past+T]``: new position i sees the ``past`` cached ones and new ones ≤ i."""
     allowed = torch.arange(past + T)[None, :] <= past + torch.arange(T)[:, None]
@@ -236,6 +252,8 @@ class LoadedEagle:
     head: EagleHead
     target: dict[str, Any]
     path: Path
+    ranking: torch.Tensor | None = None  # every token id, most frequent first (draft_vocab.py)
+    vocab_default: int = 0  # the draft vocabulary's default size (0: the full vocabulary)
 
 
 def is_eagle_dir(path: str | Path) -> bool:
@@ -286,7 +304,10 @@ def load_eagle(path: str | Path) -> LoadedEagle:
         head.load_state_dict({k: v.float() for k, v in load_file(str(p / WEIGHTS)).items()})
     except Exception as err:
         raise RelaxSpecError(f"cannot load the EAGLE head from {p}: {type(err).__name__}: {err}") from None
-    return LoadedEagle(head.eval(), target, p)
+    ranked = load_ranking(p, int(target.get("vocab_size", 0)))
+    if ranked is None:
+        return LoadedEagle(head.eval(), target, p)
+    return LoadedEagle(head.eval(), target, p, *ranked)
 
 
 class EagleProposer:
@@ -302,10 +323,13 @@ class EagleProposer:
     every cached position's hidden state, rolled back with its cache). Pairs made of predicted
     features never survive a cycle: the next draft recomputes them from the real features. Before the
     target has scored the committed tokens (the first cycle of a generation, or tokens committed
-    unverified) there is nothing to draft from, and the proposal is empty (the engine runs an AR step).
+    unverified) there is nothing to draft from, and the proposal is empty (the engine runs an AR step:
+    the prompt's prefill then yields a token too, where a prefill of all but the last token to draft
+    from would yield none).
 
     Each ``d_i`` is drawn from the processed head law ``q_i`` (argmax when greedy), so every rule
-    composes with it as with a draft model.
+    composes with it as with a draft model. ``vocab``: the sorted token ids ``int64[n]`` of a
+    reduced draft vocabulary (EAGLE-3; engine/proposers/draft_vocab.py), None for the full one.
     """
 
     name = "eagle"
@@ -316,6 +340,7 @@ class EagleProposer:
         target: PreTrainedModel,
         recorded: dict[str, Any] | None = None,
         stop_below: float = 0.0,
+        vocab: torch.Tensor | None = None,
     ) -> None:
         if recorded is not None:
             check_fits(recorded, target)
@@ -328,6 +353,7 @@ class EagleProposer:
         self.features: CachedLM | None = None  # the verifier's model, recording hidden states
         self.calls = 0
         self.stop_below = stop_below  # the chain's cut (engine/proposers/base.py draft_chain)
+        self.reduced = None if vocab is None else reduced_head(head, target, vocab)
 
     def bind_verifier(self, verifier: Any) -> None:
         """Draft from ``verifier``'s recorded hidden states (the engine calls this)."""
@@ -352,9 +378,8 @@ class EagleProposer:
         T = tokens.shape[1]
         past = self.cache.get_seq_length()
         embeds = self.target.get_input_embeddings()(tokens)
-        out = self.forward(
-            features, embeds, torch.arange(start, start + T)[None], causal_mask(T, past), self.cache
-        )
+        mask = None if T == 1 else causal_mask(T, past)  # one new token sees every cached pair
+        out = self.forward(features, embeds, torch.arange(start, start + T)[None], mask, self.cache)
         self.calls += 1
         return out
 
@@ -390,7 +415,10 @@ class EagleProposer:
         return draft_chain(self._logits(hidden), feed, k, params, generator, self.stop_below)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The target's LM head on the head's feature ``[1, 1, H]`` -> ``[1, V]``."""
+        """The target's LM head on the head's feature ``[1, 1, H]`` -> ``[1, V]`` (over the draft
+        vocabulary where there is one: ``-inf`` elsewhere)."""
+        if self.reduced is not None:
+            return self.reduced(hidden)[:, 0]
         return drafter_logits(self.target, hidden, "EAGLE head")[:, 0]
 
     def rollback(self, length: int) -> None:
