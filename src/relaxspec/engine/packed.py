@@ -184,14 +184,30 @@ def packed_linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLin
     return PackedLinear(linears, torch.bfloat16 if weights == "bf16" else torch.float32)
 
 
+def doubled(weight: torch.Tensor) -> torch.Tensor:
+    """``[w ; w]`` float32 ``[2·H]``: an RMSNorm weight ``w[H]`` as :func:`rms_norm` takes it."""
+    return torch.cat([weight.detach().float(), weight.detach().float()])
+
+
+def rms_norm(x: torch.Tensor, weight2: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of ``x[..., H]``: ``x / sqrt(mean(x²) + eps) · w``, ``weight2 = [w ; w]`` (:func:`doubled`).
+
+    Computed as one layer norm over ``[x ; −x]``, whose mean is 0 and variance ``mean(x²)``:
+    torch's CPU layer norm is one fused kernel where its RMSNorm is several ops, and every op
+    costs in a decode step (docs/performance.md §9). Same value up to float32 rounding.
+    """
+    H = x.shape[-1]
+    return F.layer_norm(torch.cat([x, -x], dim=-1), (2 * H,), weight2, None, eps)[..., :H]
+
+
 @dataclass
 class PackedLayer:
     qkv: PackedLinear | Int8Linear
     o: PackedLinear | Int8Linear
     gate_up: PackedLinear | Int8Linear
     down: PackedLinear | Int8Linear
-    attn_norm: torch.Tensor | None  # [hidden] float32 RMSNorm weights (None: no input norm, EAGLE-1)
-    mlp_norm: torch.Tensor
+    attn_norm: torch.Tensor | None  # [2·hidden] doubled RMSNorm weights (None: no input norm, EAGLE-1)
+    mlp_norm: torch.Tensor  # [2·hidden] doubled (rms_norm)
 
     @classmethod
     def of(cls, layer: torch.nn.Module, weights: str) -> PackedLayer:
@@ -202,8 +218,8 @@ class PackedLayer:
             o=packed_linear([layer.self_attn.o_proj], weights),
             gate_up=packed_linear([layer.mlp.gate_proj, layer.mlp.up_proj], weights),
             down=packed_linear([layer.mlp.down_proj], weights),
-            attn_norm=None if norm is None else norm.detach().float(),
-            mlp_norm=layer.post_attention_layernorm.weight.detach().float(),
+            attn_norm=None if norm is None else doubled(norm),
+            mlp_norm=doubled(layer.post_attention_layernorm.weight),
         )
 
 
@@ -222,9 +238,9 @@ class PackedLayers:
         self, layer: PackedLayer, x: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask
     ) -> torch.Tensor:
         """One decoder layer on the residual stream ``x float32[B, T, hidden]``; appends to the cache."""
-        h = x if layer.attn_norm is None else F.rms_norm(x, x.shape[-1:], layer.attn_norm, self.eps)
+        h = x if layer.attn_norm is None else rms_norm(x, layer.attn_norm, self.eps)
         x = x + layer.o(self._attention(layer.qkv(h), cache_layer, cos, sin, mask))
-        h = F.rms_norm(x, x.shape[-1:], layer.mlp_norm, self.eps)
+        h = rms_norm(x, layer.mlp_norm, self.eps)
         gate, up = layer.gate_up(h).chunk(2, dim=-1)
         return x + layer.down(F.silu(gate) * up)
 
@@ -264,7 +280,7 @@ class PackedForward(PackedLayers):
         base = model.model
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
-        self.norm = base.norm.weight.detach().float()
+        self.norm = doubled(base.norm.weight)
         self.lm_head = packed_linear([model.lm_head], weights)
         self.layers = [PackedLayer.of(layer, weights) for layer in base.layers]
 
@@ -315,7 +331,7 @@ class PackedForward(PackedLayers):
         for index, layer in enumerate(self.layers):
             x = self.layer(layer, x, cache.layers[index], cos, sin, mask)
         keep = T if keep is None else keep
-        return F.rms_norm(x[:, T - keep :], x.shape[-1:], self.norm, self.eps)
+        return rms_norm(x[:, T - keep :], self.norm, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on ``hidden[..., hidden_size]`` -> float32 logits ``[..., V]``."""
