@@ -84,6 +84,22 @@ def test_packed_bf16_and_int8_are_close_and_keep_the_argmax(kernels):
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
+    rows=st.integers(1, 9), width=st.integers(1, 96), scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**16)
+)
+def test_the_layer_norm_form_of_rmsnorm_is_rmsnorm(rows, width, scale, seed):
+    """engine/packed.py ``rms_norm`` (a layer norm over [x ; −x]) equals torch's RMSNorm to float32
+    rounding, whatever the width and the scale of the input (eps included)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, rows, width, generator=gen) * scale
+    weight = torch.randn(width, generator=gen)
+    for eps in (1e-6, 1e-5 * scale**2):
+        want = torch.nn.functional.rms_norm(x, (width,), weight, eps)
+        got = packed.rms_norm(x, packed.doubled(weight), eps)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * weight.abs().max().item())
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
     rows=st.integers(1, 9), cols=st.integers(1, 40), scale=st.floats(1e-4, 1e3), seed=st.integers(0, 2**16)
 )
 def test_int8_quantisation_error_is_at_most_half_a_step(rows, cols, scale, seed):
