@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -16,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 from relaxspec.models import LoadedModel
-from relaxspec.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+from relaxspec.testing import counting_windows, perturbed_copy, tiny_llama, tiny_tokenizer
 
 # Property tests draw the same examples on every run and machine (issue 36: a fresh clone must
 # give the same test set and result as the last one). `derandomize` seeds each test from its own
@@ -178,3 +179,17 @@ def short_tmp_path():
     path = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path) -> Path:
+    """A corpus directory of the training and held-out sources a tiny model trains on (the words
+    ``w0 .. w7`` of :func:`relaxspec.testing.tiny_tokenizer` in counting windows)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [" ".join(f"w{t - 3}" for t in row.tolist()) for row in counting_windows(40, 20, seed=7)]
+    for name in ("code_train", "math_train", "code_eval"):
+        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    rows = [{"prompt": t[:8], "solution": t[8:]} for t in texts]
+    (corpus / "math_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return corpus

@@ -191,19 +191,6 @@ def test_proposer_in_a_hand_built_engine(block):
 
 
 @pytest.fixture
-def tiny_corpus(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    windows = counting_windows(40, 20, seed=7)
-    texts = [" ".join(f"w{t - 3}" for t in row.tolist()) for row in windows]
-    for name in ("code_train", "math_train", "code_eval"):
-        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    rows = [{"prompt": t[:8], "solution": t[8:]} for t in texts]
-    (corpus / "math_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return corpus
-
-
-@pytest.fixture
 def base_dir(tmp_path, tokenizer):
     path = tmp_path / "base"
     tiny_llama(len(tokenizer), seed=0, hidden_size=32).save_pretrained(path)

@@ -35,7 +35,6 @@ from relaxspec.methods import ModelSet, build_engine, load_models, load_role
 from relaxspec.models import LoadedModel
 from relaxspec.testing import (
     chi_square_pvalue,
-    counting_windows,
     exact_joint,
     law_chi2_pvalue,
     sample_continuations,
@@ -260,9 +259,11 @@ def test_each_draft_is_drawn_from_the_law_it_reports(eagle_target, head):
 
 
 @pytest.mark.slow  # thousands of generations (tests/test_exactness.py runs the same check for sd)
-def test_exact_rule_keeps_the_target_law_with_eagle_drafts():
+@pytest.mark.parametrize("vocab", [None, [0, 3, 4]], ids=["full-vocabulary", "draft-vocabulary"])
+def test_exact_rule_keeps_the_target_law_with_eagle_drafts(vocab):
     """docs/design.md §2: with the head's q the exact rule emits the target's own joint law of the
-    first three tokens (chi-square against the exact law, as tests/test_exactness.py)."""
+    first three tokens (chi-square against the exact law, as tests/test_exactness.py) — also where
+    q is zero off a draft vocabulary (EOS, w0, w1: half the tokens; engine/proposers/draft_vocab.py)."""
     small = tiny_tokenizer(2)  # V = 6: 216 triples
     target = LoadedModel(tiny_llama(len(small), seed=0, logit_scale=2.0), small, None)
     torch.manual_seed(1)
@@ -270,7 +271,10 @@ def test_exact_rule_keeps_the_target_law_with_eagle_drafts():
     with torch.no_grad():
         head.fc.weight.mul_(4.0)  # a head far from the target: many rejections and recoveries
     params = SamplingParams(temperature=0.8, top_p=0.95)
-    samples = sample_continuations(eagle_engine(target, head, k=2), "w0 w1", 3000, params, 3)
+    ids = None if vocab is None else torch.tensor(vocab)
+    proposer = EagleProposer(head, target.model, target_fingerprint(target.model), vocab=ids)
+    engine = Engine(target.model, small, proposer=proposer, rule=Exact(), greedy_rule=Greedy(), k=2)
+    samples = sample_continuations(engine, "w0 w1", 3000, params, 3)
     ids = small("w0 w1")["input_ids"]
     assert chi_square_pvalue(samples, exact_joint(target.model, ids, params, 3)) > 1e-3
 
@@ -486,18 +490,6 @@ def test_corrupt_head_directories_fail_clearly(dirs, tmp_path):
 
 
 # --- the command ---------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tiny_corpus(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = [" ".join(f"w{t - 3}" for t in row.tolist()) for row in counting_windows(40, 20, seed=7)]
-    for name in ("code_train", "math_train", "code_eval"):
-        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    rows = [{"prompt": t[:8], "solution": t[8:]} for t in texts]
-    (corpus / "math_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return corpus
 
 
 def test_train_eagle_resumes_identically_and_exports_a_usable_head(dirs, tiny_corpus, tmp_path):

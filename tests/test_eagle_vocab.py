@@ -29,11 +29,7 @@ from relaxspec.integrations.vllm import runners as vllm_runners
 from relaxspec.methods import ModelSet, build_engine, load_models
 from relaxspec.models import LoadedModel
 from relaxspec.testing import (
-    chi_square_pvalue,
-    counting_windows,
-    exact_joint,
     law_chi2_pvalue,
-    sample_continuations,
     tiny_llama,
     tiny_tokenizer,
 )
@@ -182,22 +178,6 @@ def test_greedy_sd_over_a_draft_vocabulary_is_token_identical_to_greedy_ar(tok, 
         assert eagle.generate(prompt, GREEDY).tokens == ar.generate(prompt, GREEDY).tokens, prompt
 
 
-@pytest.mark.slow  # thousands of generations, as tests/test_eagle.py's check with the full vocabulary
-def test_exact_rule_keeps_the_target_law_over_a_draft_vocabulary():
-    """docs/design.md §2: a head whose q is zero on half the vocabulary still yields the target's own
-    joint law of the first three tokens under the exact rule (chi-square against the exact law)."""
-    small = tiny_tokenizer(2)  # V = 6: 216 triples
-    target = LoadedModel(tiny_llama(len(small), seed=0, logit_scale=2.0), small, None)
-    torch.manual_seed(1)
-    head = EagleHead(head_config(target.model)).eval()
-    proposer = EagleProposer(head, target.model, vocab=torch.tensor([0, 3, 4]))  # EOS, w0, w1
-    engine = Engine(target.model, small, proposer=proposer, rule=Exact(), greedy_rule=Greedy(), k=2)
-    params = SamplingParams(temperature=0.8, top_p=0.95)
-    samples = sample_continuations(engine, "w0 w1", 3000, params, 3)
-    ids = small("w0 w1")["input_ids"]
-    assert chi_square_pvalue(samples, exact_joint(target.model, ids, params, 3)) > 1e-3
-
-
 @pytest.mark.parametrize("method", ["sd", "nsd", "topk", "typical", "threshold", "fly"])
 def test_every_rule_composes_with_a_draft_vocabulary(target, head_dir, method, tmp_path):
     head = tmp_path / "head"
@@ -214,18 +194,6 @@ def test_every_rule_composes_with_a_draft_vocabulary(target, head_dir, method, t
 
 
 # --- the command and bad input -------------------------------------------------------------------
-
-
-@pytest.fixture
-def tiny_corpus(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = [" ".join(f"w{t - 3}" for t in row.tolist()) for row in counting_windows(40, 20, seed=7)]
-    for name in ("code_train", "math_train", "code_eval"):
-        (corpus / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    rows = [{"prompt": t[:8], "solution": t[8:]} for t in texts]
-    (corpus / "math_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return corpus
 
 
 def test_train_eagle_vocab_writes_a_ranking_the_engines_use(
