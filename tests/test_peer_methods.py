@@ -44,7 +44,7 @@ BAD = [
 
 
 def test_presets_build_the_rules():
-    chain = {"k": DEFAULT_K, "drafter": "draft", "stop_below": 0.0}
+    chain = {"k": DEFAULT_K, "drafter": "draft", "stop_below": 0.0, "eagle_vocab": None}
     assert resolve_params("topk-delta", {}) == {**chain, "top_n": 3, "delta": 0.1}
     threshold = {**chain, "single": 0.3, "acc": 1.0}
     assert resolve_params("threshold", {"single": 0.3}) == threshold
