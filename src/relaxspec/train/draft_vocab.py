@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from relaxspec.data.tokens import TokenMixture, load_stream
 from relaxspec.engine.proposers.draft_vocab import check_size, save_ranking
-from relaxspec.engine.proposers.eagle import check_fits, load_eagle
+from relaxspec.engine.proposers.eagle import check_fits, recorded_target
 from relaxspec.errors import RelaxSpecError
 from relaxspec.models import load_model
 from relaxspec.train.ar import MIXTURE
@@ -62,8 +62,8 @@ def write_eagle_vocab(
 
     Returns the share of the mixture's tokens the draft vocabulary of ``size`` covers, per source.
     """
-    loaded, head = load_model(target_dir), load_eagle(head_dir)
-    check_fits(head.target, loaded.model, where=f"the EAGLE head {head_dir}")
+    loaded = load_model(target_dir)
+    check_fits(recorded_target(head_dir), loaded.model, where=f"the EAGLE head {head_dir}")
     vocab_size = int(loaded.model.get_output_embeddings().weight.shape[0])
     check_size(size, vocab_size)
     weights = mixture or _trained_mixture(Path(head_dir))

@@ -186,10 +186,8 @@ def eagle_metrics(
 
 
 def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, float]]:
-    """``--set`` items: (TrainConfig fields, objective settings :data:`OBJECTIVE`), validated;
-    ``draft_vocab`` is the export's (:func:`train_eagle` reads it)."""
+    """``--set`` items: (TrainConfig fields, objective settings :data:`OBJECTIVE`), validated."""
     rest, objective = dict(overrides or {}), dict(OBJECTIVE)
-    rest.pop("draft_vocab", None)
     for name in OBJECTIVE:
         if name in rest:
             value = rest.pop(name)
@@ -286,8 +284,8 @@ def train_eagle(
     """
     loaded = load_model(target_dir)
     target, tokenizer = loaded.model, loaded.tokenizer
-    vocab_size = int(target.get_output_embeddings().weight.shape[0])
-    draft_vocab = check_int("draft_vocab", (overrides or {}).get("draft_vocab", 0), 0, vocab_size)
+    vocab_size, overrides = int(target.get_output_embeddings().weight.shape[0]), dict(overrides or {})
+    draft_vocab = check_int("draft_vocab", overrides.pop("draft_vocab", 0), 0, vocab_size)
     train_overrides, objective = split_overrides(overrides)
     config, run = make_config(run_dir, DEFAULT_RECIPE, train_overrides), Path(run_dir)
     check_seq_len(config, loaded.context_length)

@@ -62,9 +62,12 @@ def load_ranking(head_dir: str | Path, vocab_size: int) -> tuple[torch.Tensor, i
 
 def check_ranking(ranking: torch.Tensor, vocab_size: int, where: str) -> None:
     """``ranking`` must hold each of the ``vocab_size`` token ids exactly once."""
-    ok = ranking.dim() == 1 and ranking.numel() == vocab_size and not ranking.is_floating_point()
-    if ok and not torch.equal(torch.sort(ranking.long()).values, torch.arange(vocab_size)):
-        ok = False
+    ok = (
+        ranking.dim() == 1
+        and ranking.numel() == vocab_size
+        and not ranking.is_floating_point()
+        and torch.equal(torch.sort(ranking.long()).values, torch.arange(vocab_size))
+    )
     if not ok:
         raise RelaxSpecError(
             f"{where}: a draft vocabulary ranking must list each of the target's {vocab_size} token ids "
@@ -110,11 +113,11 @@ class ReducedHead:
         rows.weight.data = weight[ids].clone()
         packed = packed_forward(target)
         self.product = rows if packed is None else packed_linear([rows], packed.weights)
+        self.dtype = weight.dtype if packed is None else None  # a packed product casts its input
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = getattr(self.product, "weight", None)
-        x = hidden.to(weight.dtype) if isinstance(self.product, torch.nn.Linear) else hidden
+        x = hidden if self.dtype is None else hidden.to(self.dtype)
         small = self.product(x).float()  # [..., n]
         check_finite(small, "the EAGLE head")
         full = small.new_full((*small.shape[:-1], self.vocab), -math.inf)

@@ -208,7 +208,7 @@ class PackedEagleHead(PackedLayers):
 
 
 PACKED_ATTRIBUTE = "relaxspec_packed_head"  # where head_forward keeps the head's packed copy
-REDUCED_ATTRIBUTE = "relaxspec_reduced_heads"  # where reduced_head keeps the draft-vocabulary heads
+REDUCED_ATTRIBUTE = "relaxspec_reduced_head"  # where reduced_head keeps the draft-vocabulary head
 
 
 def head_forward(head: EagleHead, target: PreTrainedModel) -> Any:
@@ -228,15 +228,14 @@ def head_forward(head: EagleHead, target: PreTrainedModel) -> Any:
 
 def reduced_head(head: EagleHead, target: PreTrainedModel, ids: torch.Tensor) -> ReducedHead:
     """The target's LM head over the draft vocabulary ``ids`` (engine/proposers/draft_vocab.py),
-    made once per head, target weights kind and vocabulary (a server builds an engine per request)."""
-    packed = packed_forward(target)
-    weight = target.get_output_embeddings().weight
-    key = (id(target), packed.weights if packed is not None else "hf", weight._version, len(ids))
-    made = head.__dict__.setdefault(REDUCED_ATTRIBUTE, {})
-    if key not in made or not torch.equal(made[key].ids, ids):
-        made.clear()  # one target and vocabulary at a time: an old copy is not kept alive
-        made[key] = ReducedHead(target, ids)
-    return made[key]
+    made once per head, target weights and vocabulary (a server builds an engine per request), as
+    :func:`head_forward`; one copy at a time."""
+    packed, version = packed_forward(target), target.get_output_embeddings().weight._version
+    key = (id(target), packed.weights if packed is not None else "hf", version)
+    cached = head.__dict__.get(REDUCED_ATTRIBUTE)
+    if cached is None or cached[0] != key or not torch.equal(cached[1].ids, ids):
+        cached = head.__dict__[REDUCED_ATTRIBUTE] = (key, ReducedHead(target, ids))
+    return cached[1]
 
 
 def causal_mask(T: int, past: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -304,10 +303,8 @@ def load_eagle(path: str | Path) -> LoadedEagle:
         head.load_state_dict({k: v.float() for k, v in load_file(str(p / WEIGHTS)).items()})
     except Exception as err:
         raise RelaxSpecError(f"cannot load the EAGLE head from {p}: {type(err).__name__}: {err}") from None
-    ranked = load_ranking(p, int(target.get("vocab_size", 0)))
-    if ranked is None:
-        return LoadedEagle(head.eval(), target, p)
-    return LoadedEagle(head.eval(), target, p, *ranked)
+    ranking, default = load_ranking(p, int(target.get("vocab_size", 0))) or (None, 0)
+    return LoadedEagle(head.eval(), target, p, ranking, default)
 
 
 class EagleProposer:
