@@ -6,7 +6,8 @@ uses), ``joint-rotary`` (q and k rotated as one tensor), ``postop-mlp`` (gate an
 products with fused swish and multiply, which feed the down product in bf16), ``bf16-mlp`` (SiLU ·
 up computed on the gate/up product's bf16 output, no conversions around it). Prints the median
 ms of a decode (T = 1) and a verify (T = 9) forward after a 64-token context, the speed-up over the
-engine's layer, and the largest logit difference from it::
+engine's layer (total time over rounds, a jackknife 95 % interval over the interleaved rounds:
+``eval/intervals.py`` ``speed_ratio``), and the largest logit difference from it::
 
     RELAXSPEC_THREADS=1 taskset -c 0 python scripts/layer_ops_probe.py [--rounds 80]
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 import relaxspec.engine.packed as P
 from relaxspec.engine.kv import CachedLM
+from relaxspec.eval.intervals import format_interval, speed_ratio
 from relaxspec.methods import load_role
 from relaxspec.models import model_dir
 
@@ -101,12 +103,14 @@ def main() -> None:
     P.PackedLayers.layer = engine_layer
     skip = min(10, args.rounds // 4)  # warm-up rounds
     for T in (1, 9):
-        base = statistics.median(seconds[("engine", T)][skip:])
+        base = seconds[("engine", T)][skip:]
         for name in variants:
-            median = statistics.median(seconds[(name, T)][skip:])
+            own = seconds[(name, T)][skip:]
+            ones = [1.0] * len(own)  # one forward per round: rounds are the paired units
+            ratio = speed_ratio(ones, base, ones, own)
             diff = (logits[(name, T)] - logits[("engine", T)]).abs().max().item()
-            print(f"T={T} {name:15s} {median * 1e3:6.2f} ms  engine / this {base / median:.3f}  "
-                  f"max|Δlogit| {diff:.3g}")  # fmt: skip
+            print(f"T={T} {name:15s} {statistics.median(own) * 1e3:6.2f} ms  engine / this "
+                  f"{format_interval(ratio, 3)}  max|Δlogit| {diff:.3g}")  # fmt: skip
 
 
 if __name__ == "__main__":
