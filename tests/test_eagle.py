@@ -163,27 +163,33 @@ def test_greedy_eagle_sd_is_token_identical_to_greedy_ar(tok, head, kernels):
 
 @pytest.mark.parametrize("kernels,tol", [("packed", 1e-4), ("packed-bf16", 0.1)])
 def test_the_packed_head_computes_the_heads_forward(tok, head, kernels, tol):
-    """A target on packed kernels drafts with the head packed on the same weights: the module's
-    forward up to summation order (fp32) or bf16 rounding of the products."""
+    """A target on packed kernels drafts with the head packed on the same weights (fc's embedding
+    half folded into a per-token table, rotary from a table): the module's forward up to summation
+    order (fp32) or bf16 rounding of the products, over the cache it fills and past the table's
+    first size."""
     from relaxspec.engine.kv import new_cache
-    from relaxspec.engine.proposers.eagle import PackedEagleHead, causal_mask
+    from relaxspec.engine.proposers.eagle import HeadStep, PackedEagleHead, causal_mask
 
     target = copy.deepcopy(tiny_llama(len(tok), seed=0, logit_scale=4.0))
     attach(target, kernels)
     packed = EagleProposer(head, target).forward
     assert isinstance(packed, PackedEagleHead)
+    packed.positions = 4  # the rotary table starts small and must grow
+    embedding = target.get_input_embeddings()
     torch.manual_seed(0)
-    features, embeds = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    features, tokens = torch.randn(1, 9, 32), torch.randint(0, len(tok), (1, 9))
     with torch.inference_mode():
         caches = new_cache(head), new_cache(head)
-        a = head(features[:, :3], embeds[:, :3], torch.arange(3)[None], causal_mask(3), caches[0])
-        b = packed(features[:, :3], embeds[:, :3], torch.arange(3)[None], causal_mask(3), caches[1])
-        torch.testing.assert_close(b, a, atol=tol, rtol=tol)
-        # a second call attends over the cache the first filled
-        a = head(features[:, 3:], embeds[:, 3:], torch.arange(3, 5)[None], causal_mask(2, 3), caches[0])
-        b = packed(features[:, 3:], embeds[:, 3:], torch.arange(3, 5)[None], causal_mask(2, 3), caches[1])
-        torch.testing.assert_close(b, a, atol=tol, rtol=tol)
-    assert EagleProposer(head, tiny_llama(len(tok), seed=0)).forward is head  # transformers' forward
+        for start, end in [(0, 3), (3, 5), (5, 6), (6, 9)]:  # a second call attends over the cache
+            T = end - start
+            mask = None if T == 1 else causal_mask(T, start)
+            positions = torch.arange(start, end)[None]
+            a = head(features[:, start:end], embedding(tokens[:, start:end]), positions, mask, caches[0])
+            b = packed(features[:, start:end], tokens[:, start:end], start, mask, caches[1])
+            torch.testing.assert_close(b, a, atol=tol, rtol=tol)
+    assert packed.cos.shape[0] >= 9
+    unpacked = EagleProposer(head, tiny_llama(len(tok), seed=0)).forward
+    assert isinstance(unpacked, HeadStep) and unpacked.head is head  # transformers' forward
 
 
 class Recording:
@@ -506,7 +512,8 @@ def test_train_eagle_resumes_identically_and_exports_a_usable_head(dirs, tiny_co
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     record = json.loads((tmp_path / "out-a" / "training.json").read_text())
-    assert record["steps_done"] == 4 and {"eagle_reg", "eagle_cls", "eagle_acc@1"} <= set(
+    heldout = {"eagle_reg", "eagle_cls", "eagle_acc@1"}  # on math windows, and as code_* on code ones
+    assert record["steps_done"] == 4 and heldout | {f"code_{m}" for m in heldout} <= set(
         record["history"][-1]
     )
     card = (tmp_path / "out-a" / "README.md").read_text()

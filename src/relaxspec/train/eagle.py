@@ -185,6 +185,19 @@ def eagle_metrics(
     return {name: total / n for name, total in sums.items()}
 
 
+CODE_EVAL_SETS = ("codevar_combos_eval", "synthcode_eval", "code_eval")  # the first one mixed in
+
+
+def heldout_metrics(
+    head: EagleHead, target: PreTrainedModel, heldout: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """:func:`eagle_metrics` on the held-out math windows, and as ``code_*`` on the first code set
+    of :data:`CODE_EVAL_SETS` the run's mixture tracks (code and math drafts differ in accuracy)."""
+    code = next(name for name in CODE_EVAL_SETS if name in heldout)
+    metrics = eagle_metrics(head, target, heldout["math_eval"])
+    return metrics | {f"code_{k}": v for k, v in eagle_metrics(head, target, heldout[code]).items()}
+
+
 def split_overrides(overrides: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, float]]:
     """``--set`` items: (TrainConfig fields, objective settings :data:`OBJECTIVE`), validated."""
     rest, objective = dict(overrides or {}), dict(OBJECTIVE)
@@ -309,7 +322,7 @@ def train_eagle(
         config,
         batch_fn=window_batches(data, config),
         loss_fn=lambda m, batch: eagle_loss(m, target, batch, objective),
-        eval_fn=lambda m: eagle_metrics(m, target, heldout["math_eval"]),
+        eval_fn=lambda m: heldout_metrics(m, target, heldout),
         progress=progress,
     )
     head = extract_model_from_parallel(head, keep_fp32_wrapper=False).float().eval()

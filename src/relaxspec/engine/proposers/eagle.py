@@ -17,10 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
@@ -183,59 +185,99 @@ class EagleHead(nn.Module):
 
 
 class PackedEagleHead(PackedLayers):
-    """:class:`EagleHead`'s forward on packed weights (engine/packed.py), for a target whose own
-    forwards run packed: fc and the layer's products on ``weights`` (``fp32``/``bf16``/``int8``),
-    the residual stream, norm, rotary and attention in float32. Same arguments and result."""
+    """:class:`EagleHead`'s step on packed weights (engine/packed.py), for a target whose own
+    forwards run packed: the layer's products on ``weights`` (``fp32``/``bf16``/``int8``), the
+    residual stream, norm, rotary and attention in float32.
 
-    def __init__(self, head: EagleHead, weights: str) -> None:
+    Two things are computed once instead of per drafted token: fc's embedding half for every token,
+    ``R = E · W_eᵀ`` (``float32[V, H]``; ``fc([e ; f]) = W_e e + W_f f``), so a step reads one row
+    of R and multiplies only the feature half; and the rotary cos/sin of every position.
+    """
+
+    def __init__(self, head: EagleHead, weights: str, embedding: nn.Embedding) -> None:
         super().__init__(head.config, weights)
-        self.fc = packed_linear([head.fc], weights)
+        H = head.config.hidden_size
+        fc = head.fc.weight.detach().float()  # [H, 2H]: [embedding half | feature half]
+        self.token_rows = embedding.weight.detach().float() @ fc[:, :H].T  # [V, H]
+        feature_half = nn.Linear(H, H, bias=False)
+        feature_half.weight.data = fc[:, H:].clone()
+        self.fc = packed_linear([feature_half], weights)
         self.block = PackedLayer.of(head.layers[0], weights)
         self.rotary = head.rotary
+        self.positions = int(getattr(head.config, "max_position_embeddings", 0))
+        self.cos = self.sin = torch.empty(0, self.head_dim)
+
+    def _rotary(self, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``float32[1, 1, T, D]`` of positions ``start .. start + T − 1`` (a table grown
+        by doubling)."""
+        if start + T > self.cos.shape[0]:
+            size = max(start + T, 2 * self.cos.shape[0], self.positions)
+            cos, sin = self.rotary(self.token_rows[:1, None], torch.arange(size)[None])
+            self.cos, self.sin = cos[0].float(), sin[0].float()
+        return self.cos[None, None, start : start + T], self.sin[None, None, start : start + T]
 
     @torch.inference_mode()
     def __call__(
-        self,
-        features: torch.Tensor,
-        embeds: torch.Tensor,
-        position_ids: torch.Tensor,
-        mask: torch.Tensor | None,
-        cache: Any,
+        self, features: torch.Tensor, tokens: torch.Tensor, start: int, mask: torch.Tensor | None, cache: Any
     ) -> torch.Tensor:
-        x = self.fc(torch.cat([embeds.float(), features.float()], dim=-1))  # [B, T, H] float32
-        cos, sin = self.rotary(x, position_ids)
-        return self.layer(self.block, x, cache.layers[0], cos[:, None].float(), sin[:, None].float(), mask)
+        """As :meth:`HeadStep.__call__`."""
+        x = F.embedding(tokens, self.token_rows) + self.fc(features.float())  # fc([e ; f]) [B, T, H]
+        cos, sin = self._rotary(start, tokens.shape[1])
+        return self.layer(self.block, x, cache.layers[0], cos, sin, mask)
+
+
+class HeadStep:
+    """:class:`EagleHead`'s own forward (transformers' layer) as one drafting step."""
+
+    def __init__(self, head: EagleHead, embedding: nn.Embedding) -> None:
+        self.head, self.embedding = head, embedding
+
+    @torch.inference_mode()
+    def __call__(
+        self, features: torch.Tensor, tokens: torch.Tensor, start: int, mask: torch.Tensor | None, cache: Any
+    ) -> torch.Tensor:
+        """Pairs ``(features[B, T, H], tokens[B, T])`` at positions ``start ..`` -> ``f̂ [B, T, H]``;
+        ``mask`` as :meth:`EagleHead.forward`."""
+        positions = torch.arange(start, start + tokens.shape[1])[None]
+        return self.head(features, self.embedding(tokens), positions, mask, cache)
 
 
 PACKED_ATTRIBUTE = "relaxspec_packed_head"  # where head_forward keeps the head's packed copy
 REDUCED_ATTRIBUTE = "relaxspec_reduced_head"  # where reduced_head keeps the draft-vocabulary head
 
 
-def head_forward(head: EagleHead, target: PreTrainedModel) -> Any:
-    """What runs the head: packed like its target's forwards (same weights), else the module.
+def _one_copy(head: EagleHead, attribute: str, owner: Any, key: tuple, make: Any) -> Any:
+    """The copy kept on ``head`` under ``attribute`` if it was made for this ``owner`` object (held
+    by the entry, so its id cannot be reused) and ``key``; else ``make()``, replacing it."""
+    cached = head.__dict__.get(attribute)
+    if cached is None or cached[0] is not owner or cached[1] != key:
+        cached = head.__dict__[attribute] = (owner, key, make())
+    return cached[2]
 
-    The packed copy is made once per head and weights (a server builds an engine per request)
-    and made again if the head's weights changed in place since (training: their version)."""
+
+def head_forward(head: EagleHead, target: PreTrainedModel) -> PackedEagleHead | HeadStep:
+    """What runs a drafting step: the head packed like its target's forwards (same weights), else
+    the module.
+
+    The packed copy is made once per head, weights and target embedding (a server builds an engine
+    per request) and made again if the head's or the embedding's weights changed in place since
+    (training: their version)."""
+    embedding = target.get_input_embeddings()
     packed = packed_forward(target)
     if packed is None:
-        return head
-    key = (packed.weights, head.fc.weight._version)
-    cached = head.__dict__.get(PACKED_ATTRIBUTE)
-    if cached is None or cached[0] != key:
-        cached = head.__dict__[PACKED_ATTRIBUTE] = (key, PackedEagleHead(head, packed.weights))
-    return cached[1]
+        return HeadStep(head, embedding)
+    key = (packed.weights, head.fc.weight._version, embedding.weight._version)
+    make = partial(PackedEagleHead, head, packed.weights, embedding)
+    return _one_copy(head, PACKED_ATTRIBUTE, embedding.weight, key, make)
 
 
 def reduced_head(head: EagleHead, target: PreTrainedModel, ids: torch.Tensor) -> ReducedHead:
     """The target's LM head over the draft vocabulary ``ids`` (engine/proposers/draft_vocab.py),
     made once per head, target weights and vocabulary (a server builds an engine per request), as
     :func:`head_forward`; one copy at a time."""
-    packed, version = packed_forward(target), target.get_output_embeddings().weight._version
-    key = (id(target), packed.weights if packed is not None else "hf", version)
-    cached = head.__dict__.get(REDUCED_ATTRIBUTE)
-    if cached is None or cached[0] != key or not torch.equal(cached[1].ids, ids):
-        cached = head.__dict__[REDUCED_ATTRIBUTE] = (key, ReducedHead(target, ids))
-    return cached[1]
+    packed, weight = packed_forward(target), target.get_output_embeddings().weight
+    key = (packed.weights if packed is not None else "hf", weight._version, tuple(ids.tolist()))
+    return _one_copy(head, REDUCED_ATTRIBUTE, target, key, partial(ReducedHead, target, ids))
 
 
 def causal_mask(T: int, past: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -373,10 +415,8 @@ class EagleProposer:
     def _step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Feed pairs ``(features[1, T, H], tokens[1, T])`` at positions ``start ..``; ``[1, T, H]``."""
         T = tokens.shape[1]
-        past = self.cache.get_seq_length()
-        embeds = self.target.get_input_embeddings()(tokens)
-        mask = None if T == 1 else causal_mask(T, past)  # one new token sees every cached pair
-        out = self.forward(features, embeds, torch.arange(start, start + T)[None], mask, self.cache)
+        mask = None if T == 1 else causal_mask(T, self.cache.get_seq_length())  # one new token sees all
+        out = self.forward(features, tokens, start, mask, self.cache)
         self.calls += 1
         return out
 
