@@ -133,15 +133,26 @@ def head_outputs(
 
 
 def eagle_losses(
-    head: EagleHead, target: PreTrainedModel, input_ids: torch.Tensor, noise: float, unroll: int = 1
+    head: EagleHead,
+    target: PreTrainedModel,
+    input_ids: torch.Tensor,
+    noise: float,
+    unroll: int = 1,
+    features: torch.Tensor | None = None,
+    inputs: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per unroll step j: ``reg_j`` (smooth L1 of features), ``cls_j`` (CE against the target's
     law), ``acc_j`` (head's top-1 equals the target's; teacher-forced tokens, the head's own
-    features after step 1); ``reg`` and ``cls`` their means over the steps; windows ``input_ids[B, T]``."""
-    features = target_features(target, input_ids)
+    features after step 1); ``reg`` and ``cls`` their means over the steps; windows ``input_ids[B, T]``.
+
+    ``features``: the target's final features ``[B, T, H]`` if already computed; ``inputs``: what
+    step 1 reads in their place (default: the features themselves; scripts/eagle_fusion_probe.py
+    gives it fused layers), while the objective stays the final features."""
+    features = target_features(target, input_ids) if features is None else features
     lm_head = target.get_output_embeddings().weight.detach().float()
     losses: dict[str, torch.Tensor] = {}
-    for j, predicted in enumerate(head_outputs(head, target, input_ids, features, noise, unroll), 1):
+    read = features if inputs is None else inputs
+    for j, predicted in enumerate(head_outputs(head, target, input_ids, read, noise, unroll), 1):
         wanted = features[:, j:]
         log_q = F.log_softmax(F.linear(predicted.float(), lm_head), dim=-1)
         with torch.no_grad():
