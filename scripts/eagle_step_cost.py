@@ -58,7 +58,10 @@ def main() -> None:
 
     with torch.inference_mode():
         rows = [
-            ("head step (embedding, mask, fc, layer; 1 token)", per_call_us(head_step, args.repeats // 2)),
+            (
+                "head step (token row, fc feature half, layer; 1 token)",
+                per_call_us(head_step, args.repeats // 2),
+            ),
             ("LM head, all rows", per_call_us(lambda: drafter_logits(target, hidden), args.repeats)),
             (
                 f"LM head, {args.rows}-token draft vocabulary",

@@ -523,6 +523,28 @@ def test_train_eagle_resumes_identically_and_exports_a_usable_head(dirs, tiny_co
     assert len(engine.generate("w1 w2", GREEDY).tokens) == GREEDY.max_new_tokens
 
 
+def test_train_eagle_reads_where_the_target_was_taught(dirs, tiny_corpus, tmp_path):
+    """Without --mixture a head trains on the mixture the target's training.json records; a record
+    naming a source that is not a training source, or a weight that is not positive, is ignored."""
+    import shutil
+
+    from relaxspec.train.ar import MIXTURE
+    from relaxspec.train.draft_vocab import recorded_mixture
+
+    target = tmp_path / "target"
+    shutil.copytree(dirs / "target", target)
+    common = {"steps": 1, "batch_size": 2, "seq_len": 16}
+    cases = [({"code": 0.25, "math": 0.75}, {"code": 0.25, "math": 0.75}), ({"math_eval": 1.0}, MIXTURE),
+             ({"code": -1, "math": 1}, MIXTURE), ({"code": True}, MIXTURE), ([1, 2], MIXTURE)]  # fmt: skip
+    for i, (recorded, used) in enumerate(cases):
+        (target / "training.json").write_text(json.dumps({"mixture": recorded}))
+        assert recorded_mixture(target) == (None if used is MIXTURE else used)
+        train_eagle(target, tiny_corpus, tmp_path / f"r{i}", None, overrides=common, progress=False)
+        assert json.loads((tmp_path / f"r{i}" / "run.json").read_text())["mixture"] == used
+    (target / "training.json").write_text("not json")
+    assert recorded_mixture(target) is None
+
+
 def test_train_eagle_bad_input(dirs, tiny_corpus, tmp_path, tok):
     with pytest.raises(RelaxSpecError, match="noise must be a number"):
         train_eagle(

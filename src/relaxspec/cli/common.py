@@ -58,8 +58,18 @@ TrainSetOpt = Annotated[list[str] | None, typer.Option("--set", help="training o
 MixtureOpt = Annotated[
     str | None,
     typer.Option(
-        help="source weights: math, code, synthcode, math_broad, synthpipes, math_styles "
-        "(data/tokens.py TRAIN_SOURCES; default math=0.7,code=0.3)"
+        help="source weights: math, code, synthcode, math_broad, synthpipes, math_styles, codevar, "
+        "mathvar (data/tokens.py TRAIN_SOURCES; default math=0.7,code=0.3)"
+    ),
+]
+
+
+HeadMixtureOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mixture",
+        help="source weights as in train ar (default: the mixture the target's training.json records, "
+        "else math=0.7,code=0.3)",
     ),
 ]
 

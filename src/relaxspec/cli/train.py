@@ -14,6 +14,7 @@ import typer
 
 from relaxspec.cli.common import (
     DraftOpt,
+    HeadMixtureOpt,
     MaxMinutesOpt,
     MixtureOpt,
     TargetOpt,
@@ -265,7 +266,7 @@ def train_eagle_cmd(
     seq_len: int | None = None,
     lr: float | None = None,
     max_minutes: MaxMinutesOpt = None,
-    mixture: MixtureOpt = None,
+    mixture: HeadMixtureOpt = None,
     set_: Annotated[
         list[str] | None,
         typer.Option(

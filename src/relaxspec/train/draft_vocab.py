@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from relaxspec.data.tokens import TokenMixture, load_stream
+from relaxspec.data.tokens import TRAIN_SOURCES, TokenMixture, load_stream
 from relaxspec.engine.proposers.draft_vocab import check_size, save_ranking
 from relaxspec.engine.proposers.eagle import check_fits, recorded_target
 from relaxspec.errors import RelaxSpecError
@@ -76,10 +76,20 @@ def write_eagle_vocab(
     return {name: float(kept[np.asarray(s, dtype=np.int64)].mean()) for name, s in streams.items()}
 
 
+def recorded_mixture(model_dir: str | Path) -> dict[str, float] | None:
+    """The training mixture a model's or head's ``training.json`` records, if it names only
+    training sources with positive weights (None otherwise)."""
+    try:
+        recorded = json.loads((Path(model_dir) / "training.json").read_text()).get("mixture")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(recorded, dict) or not recorded or not set(recorded) <= set(TRAIN_SOURCES):
+        return None
+    if not all(isinstance(w, int | float) and not isinstance(w, bool) and w > 0 for w in recorded.values()):
+        return None
+    return {name: float(w) for name, w in recorded.items()}
+
+
 def _trained_mixture(head_dir: Path) -> dict[str, float]:
     """The mixture a head's ``training.json`` records (the default mixture if it records none)."""
-    try:
-        recorded = json.loads((head_dir / "training.json").read_text()).get("mixture")
-    except (OSError, ValueError):
-        recorded = None
-    return dict(recorded) if isinstance(recorded, dict) and recorded else dict(MIXTURE)
+    return recorded_mixture(head_dir) or dict(MIXTURE)

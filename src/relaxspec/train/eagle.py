@@ -49,7 +49,7 @@ from relaxspec.errors import RelaxSpecError, check_int, check_real
 from relaxspec.models import load_model
 from relaxspec.train.ar import MIXTURE
 from relaxspec.train.cards import write_card
-from relaxspec.train.draft_vocab import eos_first, token_ranking
+from relaxspec.train.draft_vocab import eos_first, recorded_mixture, token_ranking
 from relaxspec.train.loop import (
     TrainConfig,
     TrainState,
@@ -301,7 +301,9 @@ def train_eagle(
     ``overrides``: ``TrainConfig`` fields on :data:`DEFAULT_RECIPE`, the objective's settings
     (:data:`OBJECTIVE`), and ``draft_vocab`` (the default size of the export's draft vocabulary,
     train/draft_vocab.py; 0, the default: the full vocabulary; the ranking is written either way).
-    ``init``: a head directory for this target to start from (fine-tuning,
+    ``mixture``: the corpus sources to read; default the mixture the target was last trained on
+    (its ``training.json``; a head drafts well where its features were learnt), else the
+    pre-training mixture. ``init``: a head directory for this target to start from (fine-tuning,
     e.g. with a deeper unroll); a resumed checkpoint takes precedence. The export
     (:func:`_export`) happens only once all steps are done; an interrupted run resumes from its
     newest checkpoint in ``run_dir``.
@@ -319,7 +321,7 @@ def train_eagle(
     fingerprint = target_fingerprint(target)
     _check_run_target(run, fingerprint)
 
-    weights = mixture or MIXTURE
+    weights = mixture or recorded_mixture(target_dir) or MIXTURE  # where the target was last taught
     data, heldout = training_data(corpus_dir, tokenizer, weights, config.seq_len, heldout_windows=16)
     settings = {"objective": objective, "mixture": weights, "draft_vocab": draft_vocab}
     record = _run_record(target_dir, fingerprint, settings, init, command)
