@@ -12,7 +12,8 @@ Two copies of a trained head are fine-tuned for the same steps on the same batch
 Both keep the EAGLE-1 objective (the target's final features and its law; train/eagle.py), one
 step (the fused input only changes what the head reads at real positions, which is step 1 of a
 chain). Reported: held-out step-1 accuracy (the head's top-1 equals the target's) on math and
-code windows, before and after, for each arm.
+code windows, before and after, for each arm. The batches come from the mixture the head (else
+the target) records in its ``training.json``.
 
     OMP_NUM_THREADS=1 taskset -c 1 python scripts/eagle_fusion_probe.py --head models/eagle --steps 500
 
@@ -31,10 +32,8 @@ from torch import nn
 from relaxspec.data.tokens import training_data
 from relaxspec.engine.proposers.eagle import EagleHead, load_eagle
 from relaxspec.models import load_model
+from relaxspec.train.draft_vocab import recorded_mixture
 from relaxspec.train.eagle import CODE_EVAL_SETS, eagle_losses
-
-MIXTURE = {"codevar": 0.3, "synthcode": 0.15, "mathvar": 0.2, "math": 0.15, "math_styles": 0.1,
-           "synthpipes": 0.05, "code": 0.05}  # fmt: skip
 
 
 def layer_features(target: nn.Module, ids: torch.Tensor, low: int, mid: int) -> tuple[torch.Tensor, ...]:
@@ -42,9 +41,9 @@ def layer_features(target: nn.Module, ids: torch.Tensor, low: int, mid: int) -> 
     residual streams (``hidden_states[i]`` is layer i's output) RMS-normalised."""
     with torch.no_grad():
         out = target.get_decoder()(input_ids=ids, output_hidden_states=True)
-        states = out.hidden_states
-        norm = lambda h: F.rms_norm(h.float(), (h.shape[-1],))  # noqa: E731
-        return out.last_hidden_state.float(), norm(states[low]), norm(states[mid])
+        H = out.last_hidden_state.shape[-1]
+        low_mid = [F.rms_norm(out.hidden_states[i].float(), (H,)) for i in (low, mid)]
+        return out.last_hidden_state.float(), *low_mid
 
 
 class Fuse(nn.Module):
@@ -92,7 +91,10 @@ def main() -> None:
     loaded = load_model(args.target)
     target = loaded.model.requires_grad_(False)
     mid = target.config.num_hidden_layers // 2
-    data, heldout = training_data(args.corpus, loaded.tokenizer, MIXTURE, 256, heldout_windows=16)
+    mixture = recorded_mixture(args.head) or recorded_mixture(args.target)  # where the head was taught
+    if mixture is None:
+        raise SystemExit(f"neither {args.head} nor {args.target} records a training mixture")
+    data, heldout = training_data(args.corpus, loaded.tokenizer, mixture, 256, heldout_windows=16)
     code = next(name for name in CODE_EVAL_SETS if name in heldout)
     base = load_eagle(args.head).head.float()
     H = base.config.hidden_size

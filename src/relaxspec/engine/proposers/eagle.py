@@ -277,7 +277,7 @@ def reduced_head(head: EagleHead, target: PreTrainedModel, ids: torch.Tensor) ->
     :func:`head_forward`; one copy at a time."""
     packed, weight = packed_forward(target), target.get_output_embeddings().weight
     key = (packed.weights if packed is not None else "hf", weight._version, tuple(ids.tolist()))
-    return _one_copy(head, REDUCED_ATTRIBUTE, target, key, partial(ReducedHead, target, ids))
+    return _one_copy(head, REDUCED_ATTRIBUTE, weight, key, partial(ReducedHead, target, ids))
 
 
 def causal_mask(T: int, past: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
