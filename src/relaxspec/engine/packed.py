@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from relaxspec.engine.native import layers_module
 from relaxspec.errors import RelaxSpecError
 
 # What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
@@ -141,6 +142,10 @@ class PackedLinear:
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
         return y.float()
 
+    def parts(self) -> list[torch.Tensor | None]:
+        """``[weight, bias, scale]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
+        return [self.weight, self.bias, None]
+
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: ``W ≈ q · s[:, None]`` with ``s = max_j |W_ij| / 127``.
@@ -175,6 +180,10 @@ class Int8Linear:
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
+
+    def parts(self) -> list[torch.Tensor | None]:
+        """``[weight, bias, scale]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
+        return [self.q, self.bias, self.scale]
 
 
 def packed_linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLinear | Int8Linear:
@@ -222,6 +231,11 @@ class PackedLayer:
             mlp_norm=doubled(layer.post_attention_layernorm.weight),
         )
 
+    def parts(self) -> list[torch.Tensor | None]:
+        """The layer's 14 tensors in the C++ loop's order: norms, then qkv, o, gate_up, down."""
+        products = (self.qkv, self.o, self.gate_up, self.down)
+        return [self.attn_norm, self.mlp_norm, *(t for lin in products for t in lin.parts())]
+
 
 class PackedLayers:
     """The attention geometry of packed decoder layers and one layer's step (shared by
@@ -233,6 +247,45 @@ class PackedLayers:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = float(config.rms_norm_eps)
+
+    def run_layers(
+        self,
+        layers: Sequence[PackedLayer],
+        x: torch.Tensor,
+        cache_layers,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask,
+    ) -> torch.Tensor:
+        """``layers`` in turn on ``x float32[B, T, hidden]``, each appending to its cache layer.
+
+        The C++ loop (engine/native.py: the same ops, without Python's cost per op) where it is
+        built and every cache layer hands out its buffers (``reserve``: the position-indexed
+        cache); else :meth:`layer` one by one.
+        """
+        native = layers_module()
+        if native is None or not all(hasattr(c, "reserve") for c in cache_layers):
+            for layer, cache_layer in zip(layers, cache_layers, strict=True):
+                x = self.layer(layer, x, cache_layer, cos, sin, mask)
+            return x
+        B, T = x.shape[:2]
+        past = [c.get_seq_length() for c in cache_layers]
+        buffers = [c.reserve(B, self.kv_heads, T, self.head_dim, x) for c in cache_layers]
+        parts = self._parts(layers)
+        x = native.run_layers(
+            x, parts, [k for k, _ in buffers], [v for _, v in buffers], past, cos, sin, mask,
+            self.heads, self.kv_heads, self.head_dim, self.eps,
+        )  # fmt: skip
+        for cache_layer, start in zip(cache_layers, past, strict=True):
+            cache_layer.set_length(start + T)
+        return x
+
+    def _parts(self, layers: Sequence[PackedLayer]) -> list[torch.Tensor | None]:
+        """The flat tensor list of ``layers`` for the C++ loop (made once per list of layers)."""
+        cached = self.__dict__.get("_parts_of")
+        if cached is None or cached[0] is not layers:
+            cached = self.__dict__["_parts_of"] = (layers, [t for layer in layers for t in layer.parts()])
+        return cached[1]
 
     def layer(
         self, layer: PackedLayer, x: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask
@@ -328,8 +381,7 @@ class PackedForward(PackedLayers):
             mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask.float()
         else:
             mask = self._mask(B, T, past, attention_mask)
-        for index, layer in enumerate(self.layers):
-            x = self.layer(layer, x, cache.layers[index], cos, sin, mask)
+        x = self.run_layers(self.layers, x, cache.layers, cos, sin, mask)
         keep = T if keep is None else keep
         return rms_norm(x[:, T - keep :], self.norm, self.eps)
 

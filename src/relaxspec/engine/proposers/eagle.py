@@ -202,7 +202,7 @@ class PackedEagleHead(PackedLayers):
         feature_half = nn.Linear(H, H, bias=False)
         feature_half.weight.data = fc[:, H:].clone()
         self.fc = packed_linear([feature_half], weights)
-        self.block = PackedLayer.of(head.layers[0], weights)
+        self.blocks = [PackedLayer.of(head.layers[0], weights)]
         self.rotary = head.rotary
         self.positions = int(getattr(head.config, "max_position_embeddings", 0))
         self.cos = self.sin = torch.empty(0, self.head_dim)
@@ -223,7 +223,7 @@ class PackedEagleHead(PackedLayers):
         """As :meth:`HeadStep.__call__`."""
         x = F.embedding(tokens, self.token_rows) + self.fc(features.float())  # fc([e ; f]) [B, T, H]
         cos, sin = self._rotary(start, tokens.shape[1])
-        return self.layer(self.block, x, cache.layers[0], cos, sin, mask)
+        return self.run_layers(self.blocks, x, cache.layers, cos, sin, mask)
 
 
 class HeadStep:

@@ -1,0 +1,188 @@
+"""The C++ layer loop (engine/native.py, engine/csrc/layers.cpp): the Python loop's numbers, bit for
+bit, on every weight format, cache shape and caller; the Python loop where it cannot be built."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from relaxspec.engine import native, packed
+from relaxspec.engine.kv import CachedLM, model_logits, new_cache
+from relaxspec.engine.proposers.eagle import (
+    EagleHead,
+    EagleProposer,
+    PackedEagleHead,
+    causal_mask,
+    head_config,
+)
+from relaxspec.testing import tiny_llama
+
+KERNELS = ["packed", "packed-bf16", "packed-int8"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """The loop must build here (CI has a compiler and ninja): a failed build fails these tests."""
+    module = native.layers_module()
+    assert module is not None, native.build_error()
+    return module
+
+
+def _gqa(context: int = 128) -> LlamaForCausalLM:
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=40, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=context, tie_word_embeddings=True, pad_token_id=1,
+    )  # fmt: skip
+    return LlamaForCausalLM(config).eval()
+
+
+def _qwen2_bias() -> Qwen2ForCausalLM:
+    torch.manual_seed(4)
+    config = Qwen2Config(
+        vocab_size=40, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128, pad_token_id=1,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # biases matter in the products
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.bias.normal_(0, 0.5)
+            layer.self_attn.k_proj.bias.normal_(0, 0.5)
+    return model
+
+
+def _both(model: torch.nn.Module, run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``run(model)`` through the Python loop and through the C++ loop."""
+    with native.python_layers():
+        python = run(model)
+    return python, run(model)
+
+
+def _assert_identical(python: list[torch.Tensor], cpp: list[torch.Tensor]) -> None:
+    assert len(python) == len(cpp)
+    for a, b in zip(python, cpp, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b), (a - b).abs().max()
+
+
+def _sequence(model: torch.nn.Module, length: int = 30, pieces=((0, 17), (17, 18), (18, 27), (27, 30))):
+    ids = torch.randint(3, 40, (1, length), generator=torch.Generator().manual_seed(0))
+
+    def run(m):
+        cache = new_cache(m)
+        out = [model_logits(m, ids[:, lo:hi], cache) for lo, hi in pieces]  # prefill, decode, verify
+        assert cache.get_seq_length() == length
+        return out
+
+    return run
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize(
+    "build", [tiny_llama, _gqa, _qwen2_bias], ids=["llama", "llama-gqa-tied", "qwen2-bias"]
+)
+def test_the_cpp_loop_computes_the_python_loops_numbers(build, kernels):
+    model = build(40) if build is tiny_llama else build()
+    packed.attach(model, kernels)
+    _assert_identical(*_both(model, _sequence(model)))
+
+
+def test_the_cpp_loop_grows_the_cache_and_rolls_back_like_the_python_loop():
+    """Past the buffers' first capacity (256), and after a rejected verify is rolled back."""
+    model = _gqa(context=400)
+    packed.attach(model, "packed-bf16")
+    ids = torch.randint(3, 40, (1, 300), generator=torch.Generator().manual_seed(1))
+
+    def run(m):
+        lm = CachedLM(m)
+        out = [lm.forward(ids[:, :250]), lm.forward(ids[:, 250:262])]  # grows at 256
+        lm.rollback(252)
+        out.append(lm.forward(ids[:, 252:300]))
+        return out
+
+    _assert_identical(*_both(model, run))
+
+
+@pytest.mark.parametrize("kernels", ["packed", "packed-int8"])
+def test_the_cpp_loop_runs_batched_rows_with_holes(kernels):
+    """The batched server's forward: padding columns in the cache, per-row positions."""
+    model = _gqa()
+    packed.attach(model, kernels)
+    gen = torch.Generator().manual_seed(5)
+    past_valid = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0]], dtype=torch.bool)
+    new_valid = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    past_ids = torch.randint(3, 40, (3, 6), generator=gen)
+    new_ids = torch.randint(3, 40, (3, 3), generator=gen)
+    past_pos = (past_valid.cumsum(1) - 1).clamp(min=0)
+    new_pos = past_valid.sum(1, keepdim=True) + torch.arange(3)
+
+    def run(m):
+        cache = new_cache(m)
+        first = model_logits(m, past_ids, cache, attention_mask=past_valid.long(), position_ids=past_pos)
+        mask = torch.cat([past_valid, new_valid], dim=1).long()
+        return [first, model_logits(m, new_ids, cache, attention_mask=mask, position_ids=new_pos)]
+
+    _assert_identical(*_both(model, run))
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_the_eagle_head_steps_identically_on_both_loops(kernels):
+    """The packed EAGLE head's catch-up (masked) and single-token steps."""
+    target = tiny_llama(40, seed=0, logit_scale=4.0)
+    packed.attach(target, kernels)
+    torch.manual_seed(2)
+    head = EagleHead(head_config(target)).eval()
+    step = EagleProposer(head, target).forward
+    assert isinstance(step, PackedEagleHead)
+    features, tokens = torch.randn(1, 9, 32), torch.randint(0, 40, (1, 9))
+
+    def run(_):
+        cache, out = new_cache(head), []
+        with torch.inference_mode():
+            for start, end in [(0, 3), (3, 5), (5, 6), (6, 9)]:
+                mask = None if end - start == 1 else causal_mask(end - start, start)
+                out.append(step(features[:, start:end], tokens[:, start:end], start, mask, cache))
+        return out
+
+    _assert_identical(*_both(target, run))
+
+
+def test_a_cache_without_position_buffers_takes_the_python_loop(monkeypatch):
+    """transformers' own cache layers (sliding windows, hybrids keep them) have no ``reserve``."""
+    model = tiny_llama(40)
+    packed.attach(model, "packed")
+    ids = torch.randint(3, 40, (1, 12), generator=torch.Generator().manual_seed(3))
+    calls = []
+    monkeypatch.setattr(packed.PackedLayers, "layer", _counting(packed.PackedLayers.layer, calls))
+    got = model_logits(model, ids, DynamicCache(config=model.config))
+    assert len(calls) == model.config.num_hidden_layers
+    calls.clear()
+    want = model_logits(model, ids, new_cache(model))
+    assert not calls  # the position cache took the C++ loop
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _counting(method, calls: list):
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return method(*args, **kwargs)
+
+    return wrapper
+
+
+def test_a_failed_build_warns_once_and_the_python_loop_runs(monkeypatch):
+    def broken():
+        raise RuntimeError("Error building extension 'relaxspec_layers'\nc++: not found")
+
+    monkeypatch.setattr(native, "_built", {"module": None, "error": None})
+    monkeypatch.setattr(native, "_build", broken)
+    model = copy.deepcopy(tiny_llama(40))
+    packed.attach(model, "packed")
+    with pytest.warns(UserWarning, match="could not be built.*c\\+\\+: not found"):
+        first = _sequence(model)(model)
+    assert native.build_error() == "RuntimeError: c++: not found"
+    assert native.layers_module() is None  # tried once: no second build, no second warning
+    with native.python_layers():
+        _assert_identical(_sequence(model)(model), first)
