@@ -1,20 +1,23 @@
 """The decode-step microbenchmark (issue 32): ms per forward of one model, per kernel choice.
 
-For each ``--kernels`` choice (engine/packed.py ``KERNELS``) a :class:`CachedLM` of the model is
+For each ``--kernels`` choice (engine/packed.py ``KERNELS``) and layer loop (``--loops``: the C++
+loop of engine/native.py, the Python one) a :class:`CachedLM` of the model is
 filled with a ``--context``-token prompt; then, in interleaved rounds (every choice, every width,
 in the same round, so load on the machine hits all alike), one forward of T = 1 (a decode step)
 and one of T = K + 1 (a verify) after that context, rolled back after each. Each forward records
 its wall time (``perf_counter``) and this thread's CPU time (``thread_time``: what a loaded core
-does not inflate). Prints medians with 95 % bootstrap intervals and the verify/decode ratio, and
-writes the samples and summaries as JSON. Pin it to one core, one thread::
+does not inflate). Prints medians with 95 % bootstrap intervals, the verify/decode ratio and each
+row's speed over the first row's (ratio of medians, bootstrap over rounds, paired), and writes the
+samples and summaries as JSON. Pin it to one core, one thread::
 
     RELAXSPEC_THREADS=1 taskset -c 0 python scripts/bench_step.py --kernels packed-bf16,packed-int8 \\
-        --out results/bench_step/target.json
+        --loops python,cpp --out results/bench_step/target.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ import numpy as np
 import torch
 
 from relaxspec.engine.kv import CachedLM
+from relaxspec.engine.native import python_layers
 from relaxspec.engine.threads import configure_threads
 from relaxspec.methods import load_role
 from relaxspec.models import model_dir
@@ -36,29 +40,44 @@ def median_interval(values: list[float], resamples: int = 2000, seed: int = 0) -
     return float(np.median(x)), float(low), float(high)
 
 
-def timed_forward(lm: CachedLM, width: int, generator: torch.Generator) -> tuple[float, float]:
+def paired_ratio(base: list[float], other: list[float], resamples: int = 2000, seed: int = 0) -> tuple:
+    """``(ratio, low, high)``: median(base) / median(other), rounds resampled together (95 %)."""
+    a, b = np.asarray(base), np.asarray(other)
+    draws = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
+    ratios = np.median(a[draws], axis=1) / np.median(b[draws], axis=1)
+    low, high = np.quantile(ratios, [0.025, 0.975])
+    return float(np.median(a) / np.median(b)), float(low), float(high)
+
+
+def timed_forward(lm: CachedLM, width: int, generator: torch.Generator, loop: str) -> tuple[float, float]:
     """(wall s, CPU s) of one forward of ``width`` random tokens after the cached context."""
     tokens = torch.randint(5, 1000, (1, width), generator=generator)
-    wall, cpu = time.perf_counter(), time.thread_time()
-    lm.forward(tokens, logits_to_keep=width)
-    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    with python_layers() if loop == "python" else contextlib.nullcontext():
+        wall, cpu = time.perf_counter(), time.thread_time()
+        lm.forward(tokens, logits_to_keep=width)
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
     lm.rollback(lm.length - width)
     return wall, cpu
 
 
-def measure(role: str, kernels: list[str], widths: list[int], rounds: int, context: int) -> dict:
-    """Samples ``{kernels: {width: {"wall": [...], "cpu": [...]}}}`` in seconds (round 0 dropped)."""
+def measure(
+    role: str, kernels: list[str], loops: list[str], widths: list[int], rounds: int, context: int
+) -> dict:
+    """Samples ``{"kernels:loop": {width: {"wall": [...], "cpu": [...]}}}`` in seconds (round 0
+    dropped)."""
     generator = torch.Generator().manual_seed(0)
     lms = {}
     for choice in kernels:
-        lm = CachedLM(load_role(role, model_dir(role), choice).model, choice)
-        lm.forward(torch.randint(5, 1000, (1, context), generator=generator))
-        lms[choice] = lm
-    samples = {k: {w: {"wall": [], "cpu": []} for w in widths} for k in kernels}
+        model = load_role(role, model_dir(role), choice).model
+        for loop in loops:
+            lm = CachedLM(model, choice)
+            lm.forward(torch.randint(5, 1000, (1, context), generator=generator))
+            lms[f"{choice}:{loop}"] = lm
+    samples = {k: {w: {"wall": [], "cpu": []} for w in widths} for k in lms}
     for round_ in range(rounds + 1):
         for choice, lm in lms.items():
             for width in widths:
-                wall, cpu = timed_forward(lm, width, generator)
+                wall, cpu = timed_forward(lm, width, generator, choice.split(":")[1])
                 if round_ > 0:  # round 0 warms up
                     samples[choice][width]["wall"].append(wall)
                     samples[choice][width]["cpu"].append(cpu)
@@ -78,22 +97,35 @@ def summarise(samples: dict) -> dict:
     return out
 
 
-def print_table(summary: dict, widths: list[int]) -> None:
+def speedups(samples: dict, widths: list[int]) -> dict:
+    """Per row, width and clock: the first row's median over this row's, with its interval."""
+    first = next(iter(samples.values()))
+    return {
+        choice: {w: {c: paired_ratio(first[w][c], by_width[w][c]) for c in ("cpu", "wall")} for w in widths}
+        for choice, by_width in samples.items()
+    }
+
+
+def print_table(summary: dict, speed: dict, widths: list[int]) -> None:
     decode, verify = widths
-    head = f"{'kernels':<12} {'clock':<5} {'decode T=1 ms':>22} {f'verify T={verify} ms':>22}"
-    print(f"{head} {'verify/decode':>13}")
+    head = f"{'kernels:loop':<19} {'clock':<5} {'decode T=1 ms':>22} {f'verify T={verify} ms':>22}"
+    print(f"{head} {'verify/decode':>13} {'decode speed vs row 1':>22} {'verify speed vs row 1':>22}")
     for choice, by_width in summary.items():
         for clock in ("cpu", "wall"):
             a, b = by_width[decode][clock], by_width[verify][clock]
             cells = [f"{c['median_ms']:6.2f} [{c['low_ms']:.2f}, {c['high_ms']:.2f}]" for c in (a, b)]
             ratio = b["median_ms"] / a["median_ms"]
-            print(f"{choice:<12} {clock:<5} {cells[0]:>22} {cells[1]:>22} {ratio:>12.2f}x")
+            fast = [speed[choice][w][clock] for w in widths]
+            rel = [f"{r:.2f}x [{lo:.2f}, {hi:.2f}]" for r, lo, hi in fast]
+            times = f"{cells[0]:>22} {cells[1]:>22} {ratio:>12.2f}x"
+            print(f"{choice:<19} {clock:<5} {times} {rel[0]:>22} {rel[1]:>22}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--role", default="target", help="bundled model role (target, draft)")
     parser.add_argument("--kernels", default="packed,packed-bf16,packed-int8", help="comma-separated")
+    parser.add_argument("--loops", default="cpp", help="layer loops, comma-separated: cpp, python")
     parser.add_argument("--k", type=int, default=4, help="draft length: the verify forward has K + 1 tokens")
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--context", type=int, default=64, help="tokens in the cache before each forward")
@@ -102,14 +134,18 @@ def main() -> None:
     threads = configure_threads()
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     widths = [1, args.k + 1]
-    samples = measure(args.role, kernels, widths, args.rounds, args.context)
-    summary = summarise(samples)
+    loops = [loop.strip() for loop in args.loops.split(",") if loop.strip()]
+    if not set(loops) <= {"cpp", "python"}:
+        parser.error(f"--loops takes cpp and/or python, not {args.loops!r}")
+    samples = measure(args.role, kernels, loops, widths, args.rounds, args.context)
+    summary, speed = summarise(samples), speedups(samples, widths)
     print(f"{args.role}, {args.context}-token context, {threads} thread(s), {args.rounds} interleaved rounds")
-    print_table(summary, widths)
+    print_table(summary, speed, widths)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"role": args.role, "context": args.context, "threads": threads, "rounds": args.rounds,
-                  "widths": widths, "summary": summary, "samples_s": samples}  # fmt: skip
+                  "widths": widths, "summary": summary, "speed_vs_first": speed,
+                  "samples_s": samples}  # fmt: skip
         args.out.write_text(json.dumps(record, indent=1))
         print(f"wrote {args.out}")
 
