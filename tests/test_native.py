@@ -186,3 +186,61 @@ def test_a_failed_build_warns_once_and_the_python_loop_runs(monkeypatch):
     assert native.layers_module() is None  # tried once: no second build, no second warning
     with native.python_layers():
         _assert_identical(_sequence(model)(model), first)
+
+
+@pytest.fixture
+def few_rows():
+    kernel = native.few_row_kernel()
+    if kernel is None:
+        pytest.skip("this CPU has no AVX-512 BF16: products run on oneDNN")
+    return kernel
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_few_row_product_is_the_bf16_product_and_each_row_stands_alone(few_rows, bias):
+    """x·Wᵀ (+ b) on bf16 inputs and weights, fp32 sums rounded to bf16 as oneDNN's product; a row's
+    result does not depend on the rows beside it (1 to 4 rows), and more rows go to oneDNN."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 40, bias=bias)
+    product = packed.PackedLinear([linear], torch.bfloat16)
+    assert product.plain is not None
+    x = torch.randn(2, 2, 96)
+    got = product(x)
+    w = linear.weight.detach().bfloat16().double()
+    want = x.bfloat16().double() @ w.T + (linear.bias.detach().bfloat16().double() if bias else 0)
+    assert got.dtype == torch.float32 and got.shape == (2, 2, 40)
+    torch.testing.assert_close(got.double(), want.bfloat16().double(), atol=1e-6, rtol=2**-7)
+    for m in range(4):
+        alone = product(x.reshape(4, 96)[m : m + 1])
+        assert torch.equal(alone[0], got.reshape(4, 40)[m])
+    five = torch.randn(5, 96)
+    with native.onednn_products():
+        assert native.few_row_kernel() is None
+        onednn = product(five)
+    assert torch.equal(product(five), onednn)  # 5 rows: oneDNN's product
+
+
+def test_the_few_row_kernel_refuses_what_it_cannot_take(few_rows):
+    plain = torch.randn(40, 96).bfloat16()
+    with pytest.raises(RuntimeError, match="few-row kernel does not take"):
+        few_rows.small_product(torch.randn(5, 96), plain, None)
+    assert packed.PackedLinear([torch.nn.Linear(90, 40)], torch.bfloat16).plain is None  # 90 % 32
+    assert packed.PackedLinear([torch.nn.Linear(96, 40)], torch.float32).plain is None  # fp32
+
+
+@pytest.mark.parametrize("kernels", ["packed-bf16"])
+def test_both_products_give_the_same_greedy_text(few_rows, target, kernels):
+    """The few-row kernel changes bf16 rounding only: on the tiny target, greedy AR's text is the
+    same with oneDNN's products."""
+    from relaxspec.core.sampling import SamplingParams
+    from relaxspec.methods import build_engine
+    from relaxspec.models import LoadedModel
+
+    model = copy.deepcopy(target.model)
+    packed.attach(model, kernels)
+    engine = build_engine("ar", LoadedModel(model, target.tokenizer, None))
+    params = SamplingParams(temperature=0.0, max_new_tokens=30)
+    for prompt in ("w1 w2", "w3 w3 w0", "w5"):
+        few = engine.generate(prompt, params).tokens
+        with native.onednn_products():
+            assert engine.generate(prompt, params).tokens == few

@@ -6,6 +6,12 @@ loop, op for op, with torch's C++ extension builder (a C++ compiler and ninja; ~
 machine, cached under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``), so the numbers do
 not change, only the cost per op. Where it cannot be built the Python loop runs, with one warning
 saying why; :func:`python_layers` forces the Python loop (tests, and benchmarks that compare both).
+
+The same module holds the few-row product on bf16 weights (:func:`few_row_kernel`: decode and
+verify forwards, at most 16 input rows, on CPUs with AVX-512 BF16): it streams each weight once
+at the memory's pace, where oneDNN's reads them at about half of it; its rows do not depend on how
+many rows are computed together, so a verify's rows equal decode steps bit for bit.
+:func:`onednn_products` forces oneDNN's product instead.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ NAME = "relaxspec_layers"
 _lock = threading.Lock()
 _built: dict[str, ModuleType | str | None] = {"module": None, "error": None}
 _PYTHON_ONLY: ContextVar[bool] = ContextVar("relaxspec_python_layers", default=False)
+_ONEDNN_ONLY: ContextVar[bool] = ContextVar("relaxspec_onednn_products", default=False)
 
 
 def _build() -> ModuleType:
@@ -32,11 +39,8 @@ def _build() -> ModuleType:
     return load(name=NAME, sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False)
 
 
-def layers_module() -> ModuleType | None:
-    """The compiled layer loop; None inside :func:`python_layers` or where it cannot be built
-    (warned once, with the reason)."""
-    if _PYTHON_ONLY.get():
-        return None
+def _module() -> ModuleType | None:
+    """The compiled module, built on the first call; None where it cannot be (warned once)."""
     if _built["module"] is None and _built["error"] is None:
         with _lock:
             if _built["module"] is None and _built["error"] is None:
@@ -47,22 +51,48 @@ def layers_module() -> ModuleType | None:
                     _built["error"] = f"{type(error).__name__}: {lines[-1]}"
                     warnings.warn(
                         f"relaxspec's C++ layer loop could not be built ({_built['error']}); "
-                        "packed forwards run the Python loop (same numbers, slower)",
-                        stacklevel=2,
+                        "packed forwards run the Python loop and oneDNN's products (same results "
+                        "up to bf16 rounding, slower)",
+                        stacklevel=3,
                     )
     return _built["module"]  # type: ignore[return-value]
 
 
+def layers_module() -> ModuleType | None:
+    """The module whose ``run_layers`` is the layer loop; None inside :func:`python_layers` or
+    where it cannot be built."""
+    return None if _PYTHON_ONLY.get() else _module()
+
+
+def few_row_kernel() -> ModuleType | None:
+    """The module whose ``small_product(x, plain, bias)`` runs products of at most
+    ``small_rows()`` input rows on row-major bf16 weights; None where the CPU lacks AVX-512 BF16,
+    the module cannot be built, or inside :func:`onednn_products`."""
+    if _ONEDNN_ONLY.get():
+        return None
+    module = _module()
+    return module if module is not None and module.small_product_cpu() else None
+
+
 def build_error() -> str | None:
-    """Why the C++ loop could not be built (None if it was, or has not been tried)."""
+    """Why the module could not be built (None if it was, or has not been tried)."""
     return _built["error"]  # type: ignore[return-value]
 
 
 @contextmanager
-def python_layers() -> Iterator[None]:
-    """Packed forwards run the Python layer loop within this context (this thread; same numbers)."""
-    token = _PYTHON_ONLY.set(True)
+def _setting(var: ContextVar[bool]) -> Iterator[None]:
+    token = var.set(True)
     try:
         yield
     finally:
-        _PYTHON_ONLY.reset(token)
+        var.reset(token)
+
+
+def python_layers():
+    """Packed forwards run the Python layer loop within this context (this thread)."""
+    return _setting(_PYTHON_ONLY)
+
+
+def onednn_products():
+    """Products run on oneDNN within this context, whatever their rows (this thread)."""
+    return _setting(_ONEDNN_ONLY)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from relaxspec.engine.native import layers_module
+from relaxspec.engine.native import few_row_kernel, layers_module
 from relaxspec.errors import RelaxSpecError
 
 # What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
@@ -34,6 +34,7 @@ from relaxspec.errors import RelaxSpecError
 # else packed, else hf).
 KERNELS = ("auto", "hf", "packed", "packed-bf16", "packed-int8")
 WEIGHTS = {"packed": "fp32", "packed-bf16": "bf16", "packed-int8": "int8"}  # kernels -> weights
+SMALL_ROWS = 4  # products of at most this many rows may take the few-row kernel (csrc kSmallRows)
 ATTRIBUTE = "relaxspec_packed_forward"  # where attach() leaves the forward on the model
 SUPPORTED_TYPES = ("llama", "qwen2")
 
@@ -128,23 +129,32 @@ class PackedLinear:
 
     Several ``torch.nn.Linear`` of the same input are fused into one product (their rows
     concatenated: q/k/v, gate/up). Inputs are cast to the packed dtype; outputs come back in
-    float32 ``[..., out]``.
+    float32 ``[..., out]``. bf16 weights are also kept row-major (``plain``) for the few-row
+    kernel (engine/native.py ``few_row_kernel``), which takes products of at most 16 input rows
+    where the CPU has it.
     """
 
     def __init__(self, linears: Sequence[torch.nn.Linear], dtype: torch.dtype) -> None:
         weight, bias = _fused(linears)
         self.dtype = dtype
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous())
         self.bias = None if bias is None else bias.to(dtype)
+        fits = dtype == torch.bfloat16 and self.in_features % 32 == 0 and self.out_features % 4 == 0
+        self.plain = weight.to(dtype).contiguous() if fits else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain is not None and x.numel() <= SMALL_ROWS * self.in_features:
+            kernel = few_row_kernel()
+            if kernel is not None:
+                return kernel.small_product(x, self.plain, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
         return y.float()
 
     def parts(self) -> list[torch.Tensor | None]:
-        """``[weight, bias, scale]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
-        return [self.weight, self.bias, None]
+        """``[weight, bias, scale, plain]`` as the C++ loop takes a product (csrc/layers.cpp
+        ``Linear``; no ``plain`` where the few-row kernel does not run)."""
+        return [self.weight, self.bias, None, self.plain if few_row_kernel() is not None else None]
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,8 +192,8 @@ class Int8Linear:
         return y.view(*x.shape[:-1], self.out_features)
 
     def parts(self) -> list[torch.Tensor | None]:
-        """``[weight, bias, scale]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
-        return [self.q, self.bias, self.scale]
+        """``[weight, bias, scale, plain]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
+        return [self.q, self.bias, self.scale, None]
 
 
 def packed_linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLinear | Int8Linear:
@@ -232,7 +242,7 @@ class PackedLayer:
         )
 
     def parts(self) -> list[torch.Tensor | None]:
-        """The layer's 14 tensors in the C++ loop's order: norms, then qkv, o, gate_up, down."""
+        """The layer's 18 tensors in the C++ loop's order: norms, then qkv, o, gate_up, down."""
         products = (self.qkv, self.o, self.gate_up, self.down)
         return [self.attn_norm, self.mlp_norm, *(t for lin in products for t in lin.parts())]
 
@@ -281,11 +291,13 @@ class PackedLayers:
         return x
 
     def _parts(self, layers: Sequence[PackedLayer]) -> list[torch.Tensor | None]:
-        """The flat tensor list of ``layers`` for the C++ loop (made once per list of layers)."""
-        cached = self.__dict__.get("_parts_of")
-        if cached is None or cached[0] is not layers:
-            cached = self.__dict__["_parts_of"] = (layers, [t for layer in layers for t in layer.parts()])
-        return cached[1]
+        """The flat tensor list of ``layers`` for the C++ loop (made once per list of layers and
+        choice of products)."""
+        cached, few_rows = self.__dict__.get("_parts_of"), few_row_kernel() is not None
+        if cached is None or cached[0] is not layers or cached[1] != few_rows:
+            flat = [t for layer in layers for t in layer.parts()]
+            cached = self.__dict__["_parts_of"] = (layers, few_rows, flat)
+        return cached[2]
 
     def layer(
         self, layer: PackedLayer, x: torch.Tensor, cache_layer, cos: torch.Tensor, sin: torch.Tensor, mask

@@ -8,6 +8,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <immintrin.h>
+
 #include <optional>
 #include <vector>
 
@@ -15,13 +17,76 @@ namespace {
 
 using MaybeTensor = std::optional<at::Tensor>;
 
+// --- Products of a few rows (decode and verify) on bf16 weights: stream each weight once --------
+//
+// oneDNN's bf16 product of a handful of rows reads the weights at about half the memory bandwidth a
+// core has (docs/performance.md §9). This kernel reads 4 weight rows at a time, prefetched 16 rows
+// ahead, and takes the dot products of all M input rows with them while they sit in L1: fp32
+// accumulation of bf16 products (AVX-512 BF16 `vdpbf16ps`), then bf16 rounding of the output as
+// oneDNN's bf16 product does. Each output is the same sum in the same order whatever M is, so a
+// verify's row equals the decode step of the same row bit for bit.
+constexpr int64_t kSmallRows = 4;  // at most this many input rows take the kernel (more: oneDNN is faster)
+constexpr int64_t kAhead = 16;      // weight rows prefetched ahead
+
+bool small_gemm_cpu() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+__attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) void small_gemm_kernel(
+    const uint16_t* x, int64_t M, const uint16_t* w, int64_t in, int64_t out, float* y) {
+  for (int64_t r = 0; r < out; r += 4) {
+    const uint16_t* w0 = w + r * in;
+    const char* ahead = reinterpret_cast<const char*>(w0) + kAhead * in * 2;
+    for (int64_t b = 0; b < 4 * in * 2; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);  // never faults
+    for (int64_t m = 0; m < M; ++m) {
+      const uint16_t* xm = x + m * in;
+      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+      __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+      for (int64_t i = 0; i < in; i += 32) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(xm + i);
+        a0 = _mm512_dpbf16_ps(a0, xv, (__m512bh)_mm512_loadu_si512(w0 + i));
+        a1 = _mm512_dpbf16_ps(a1, xv, (__m512bh)_mm512_loadu_si512(w0 + in + i));
+        a2 = _mm512_dpbf16_ps(a2, xv, (__m512bh)_mm512_loadu_si512(w0 + 2 * in + i));
+        a3 = _mm512_dpbf16_ps(a3, xv, (__m512bh)_mm512_loadu_si512(w0 + 3 * in + i));
+      }
+      float* ym = y + m * out + r;
+      ym[0] = _mm512_reduce_add_ps(a0);
+      ym[1] = _mm512_reduce_add_ps(a1);
+      ym[2] = _mm512_reduce_add_ps(a2);
+      ym[3] = _mm512_reduce_add_ps(a3);
+    }
+  }
+}
+
+// Whether x [..., in] times plain bf16 weights [out, in] can take the kernel.
+bool small_gemm_fits(const at::Tensor& x, const at::Tensor& plain) {
+  const int64_t in = plain.size(1);
+  return small_gemm_cpu() && x.numel() / in <= kSmallRows && in % 32 == 0 && plain.size(0) % 4 == 0;
+}
+
+// x float32 [..., in] · plain bf16 [out, in]ᵀ (+ bias) -> float32 [..., out], rounded to bf16.
+at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& plain, const MaybeTensor& bias) {
+  const int64_t in = plain.size(1), out = plain.size(0), M = x.numel() / in;
+  auto xb = x.reshape({M, in}).to(at::kBFloat16).contiguous();
+  auto y = at::empty({M, out}, x.options().dtype(at::kFloat));
+  small_gemm_kernel(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M,
+                    reinterpret_cast<const uint16_t*>(plain.data_ptr()), in, out, y.data_ptr<float>());
+  if (bias.has_value()) y.add_(bias->to(at::kFloat));
+  auto shape = x.sizes().vec();
+  shape.back() = out;
+  return y.to(at::kBFloat16).to(at::kFloat).view(shape);
+}
+
 // One product as PackedLinear / Int8Linear (engine/packed.py) computes it; float32 [..., out].
 struct Linear {
   at::Tensor weight;   // oneDNN-reordered [out, in] (bf16 or fp32), or int8 [out, in]
   MaybeTensor bias;    // in the packed dtype (oneDNN) or float32 (int8)
   MaybeTensor scale;   // bf16 [out] for int8 weights; none for oneDNN
+  MaybeTensor plain;   // bf16 [out, in] row-major where the few-row kernel may run
 
   at::Tensor operator()(const at::Tensor& x) const {
+    if (plain.has_value() && small_gemm_fits(x, *plain)) return small_gemm(x, *plain, bias);
     if (scale.has_value()) {
       auto flat = x.reshape({-1, x.size(-1)}).to(at::kBFloat16);
       auto y = at::_weight_int8pack_mm(flat, weight, *scale).to(at::kFloat);
@@ -77,12 +142,14 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& keys, const at::Te
   return out.transpose(1, 2).reshape({B, T, g.heads * D});
 }
 
+constexpr size_t kPerLinear = 4, kPerLayer = 2 + 4 * kPerLinear;
+
 Linear linear_at(const std::vector<MaybeTensor>& p, size_t i) {
-  return Linear{*p[i], p[i + 1], p[i + 2]};
+  return Linear{*p[i], p[i + 1], p[i + 2], p[i + 3]};
 }
 
-// The layers on the residual stream x. params: per layer 14 entries,
-// [attn_norm?, mlp_norm, then (weight, bias?, scale?) for qkv, o, gate_up, down].
+// The layers on the residual stream x. params: per layer kPerLayer entries,
+// [attn_norm?, mlp_norm, then (weight, bias?, scale?, plain?) for qkv, o, gate_up, down].
 at::Tensor run_layers(at::Tensor x, const std::vector<MaybeTensor>& params,
                       const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                       const std::vector<int64_t>& past, const at::Tensor& cos, const at::Tensor& sin,
@@ -90,22 +157,33 @@ at::Tensor run_layers(at::Tensor x, const std::vector<MaybeTensor>& params,
                       double eps) {
   pybind11::gil_scoped_release no_gil;
   const Geometry g{heads, kv_heads, head_dim, eps};
-  TORCH_CHECK(params.size() == 14 * keys.size(), "14 parameters per layer");
+  TORCH_CHECK(params.size() == kPerLayer * keys.size(), "parameters per layer: ", kPerLayer);
   for (size_t l = 0; l < keys.size(); ++l) {
-    const auto* p = &params[14 * l];
-    std::vector<MaybeTensor> lp(p, p + 14);
+    const auto* p = &params[kPerLayer * l];
+    std::vector<MaybeTensor> lp(p, p + kPerLayer);
     auto h = lp[0].has_value() ? rms_norm(x, *lp[0], g.eps) : x;
     auto qkv = linear_at(lp, 2)(h);
-    x = x + linear_at(lp, 5)(attention(qkv, keys[l], values[l], past[l], cos, sin, mask, g));
+    auto attended = attention(qkv, keys[l], values[l], past[l], cos, sin, mask, g);
+    x = x + linear_at(lp, 2 + kPerLinear)(attended);
     h = rms_norm(x, *lp[1], g.eps);
-    auto gate_up = linear_at(lp, 8)(h).chunk(2, -1);
-    x = x + linear_at(lp, 11)(at::silu(gate_up[0]) * gate_up[1]);
+    auto gate_up = linear_at(lp, 2 + 2 * kPerLinear)(h).chunk(2, -1);
+    x = x + linear_at(lp, 2 + 3 * kPerLinear)(at::silu(gate_up[0]) * gate_up[1]);
   }
   return x;
+}
+
+// The few-row product alone (engine/packed.py PackedLinear calls it; None-able bias).
+at::Tensor small_product(const at::Tensor& x, const at::Tensor& plain, const MaybeTensor& bias) {
+  TORCH_CHECK(small_gemm_fits(x, plain), "the few-row kernel does not take this product");
+  pybind11::gil_scoped_release no_gil;
+  return small_gemm(x, plain, bias);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run_layers", &run_layers, "relaxspec's packed decoder layers (engine/packed.py)");
+  m.def("small_product", &small_product, "x · plainᵀ (+ bias) for at most 16 rows, bf16 weights");
+  m.def("small_product_cpu", &small_gemm_cpu, "whether this CPU runs the few-row kernel");
+  m.def("small_rows", []() { return kSmallRows; }, "the most input rows the few-row kernel takes");
 }
