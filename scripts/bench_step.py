@@ -1,7 +1,9 @@
 """The decode-step microbenchmark (issue 32): ms per forward of one model, per kernel choice.
 
-For each ``--kernels`` choice (engine/packed.py ``KERNELS``) and layer loop (``--loops``: the C++
-loop of engine/native.py, the Python one) a :class:`CachedLM` of the model is
+For each ``--kernels`` choice (engine/packed.py ``KERNELS``) and layer loop (``--loops``: ``cpp``,
+the default — the C++ loop of engine/native.py with its few-row product on bf16 weights;
+``cpp-onednn``, the C++ loop on oneDNN's products; ``python``, the Python loop on oneDNN's
+products, as before session 32) a :class:`CachedLM` of the model is
 filled with a ``--context``-token prompt; then, in interleaved rounds (every choice, every width,
 in the same round, so load on the machine hits all alike), one forward of T = 1 (a decode step)
 and one of T = K + 1 (a verify) after that context, rolled back after each. Each forward records
@@ -11,7 +13,7 @@ row's speed over the first row's (ratio of medians, bootstrap over rounds, paire
 samples and summaries as JSON. Pin it to one core, one thread::
 
     RELAXSPEC_THREADS=1 taskset -c 0 python scripts/bench_step.py --kernels packed-bf16,packed-int8 \\
-        --loops python,cpp --out results/bench_step/target.json
+        --loops python,cpp-onednn,cpp --out results/bench_step/target.json
 """
 
 from __future__ import annotations
@@ -26,10 +28,17 @@ import numpy as np
 import torch
 
 from relaxspec.engine.kv import CachedLM
-from relaxspec.engine.native import python_layers
+from relaxspec.engine.native import onednn_products, python_layers
+
 from relaxspec.engine.threads import configure_threads
 from relaxspec.methods import load_role
 from relaxspec.models import model_dir
+
+LOOPS = {  # --loops choice -> the contexts it runs in
+    "cpp": (),
+    "cpp-onednn": (onednn_products,),
+    "python": (python_layers, onednn_products),
+}
 
 
 def median_interval(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -52,7 +61,9 @@ def paired_ratio(base: list[float], other: list[float], resamples: int = 2000, s
 def timed_forward(lm: CachedLM, width: int, generator: torch.Generator, loop: str) -> tuple[float, float]:
     """(wall s, CPU s) of one forward of ``width`` random tokens after the cached context."""
     tokens = torch.randint(5, 1000, (1, width), generator=generator)
-    with python_layers() if loop == "python" else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        for setting in LOOPS[loop]:
+            stack.enter_context(setting())
         wall, cpu = time.perf_counter(), time.thread_time()
         lm.forward(tokens, logits_to_keep=width)
         cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
@@ -125,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--role", default="target", help="bundled model role (target, draft)")
     parser.add_argument("--kernels", default="packed,packed-bf16,packed-int8", help="comma-separated")
-    parser.add_argument("--loops", default="cpp", help="layer loops, comma-separated: cpp, python")
+    parser.add_argument("--loops", default="cpp", help=f"comma-separated: {', '.join(LOOPS)}")
     parser.add_argument("--k", type=int, default=4, help="draft length: the verify forward has K + 1 tokens")
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--context", type=int, default=64, help="tokens in the cache before each forward")
@@ -135,8 +146,8 @@ def main() -> None:
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     widths = [1, args.k + 1]
     loops = [loop.strip() for loop in args.loops.split(",") if loop.strip()]
-    if not set(loops) <= {"cpp", "python"}:
-        parser.error(f"--loops takes cpp and/or python, not {args.loops!r}")
+    if not set(loops) <= set(LOOPS):
+        parser.error(f"--loops takes {', '.join(LOOPS)}, not {args.loops!r}")
     samples = measure(args.role, kernels, loops, widths, args.rounds, args.context)
     summary, speed = summarise(samples), speedups(samples, widths)
     print(f"{args.role}, {args.context}-token context, {threads} thread(s), {args.rounds} interleaved rounds")
