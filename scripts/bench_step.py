@@ -29,7 +29,6 @@ import torch
 
 from relaxspec.engine.kv import CachedLM
 from relaxspec.engine.native import onednn_products, python_layers
-
 from relaxspec.engine.threads import configure_threads
 from relaxspec.methods import load_role
 from relaxspec.models import model_dir
