@@ -1,9 +1,10 @@
 """The decode-step microbenchmark (issue 32): ms per forward of one model, per kernel choice.
 
 For each ``--kernels`` choice (engine/packed.py ``KERNELS``) and layer loop (``--loops``: ``cpp``,
-the default — the C++ loop of engine/native.py with its few-row product on bf16 weights;
-``cpp-onednn``, the C++ loop on oneDNN's products; ``python``, the Python loop on oneDNN's
-products, as before session 32) a :class:`CachedLM` of the model is
+the default — the C++ loop of engine/native.py with its own kernels (few-row bf16 products, a
+decode step's attention);
+``cpp-torch``, the C++ loop on torch's kernels (oneDNN's products, torch's attention);
+``python``, the Python loop on torch's kernels, as before session 32) a :class:`CachedLM` of the model is
 filled with a ``--context``-token prompt; then, in interleaved rounds (every choice, every width,
 in the same round, so load on the machine hits all alike), one forward of T = 1 (a decode step)
 and one of T = K + 1 (a verify) after that context, rolled back after each. Each forward records
@@ -13,7 +14,7 @@ row's speed over the first row's (ratio of medians, bootstrap over rounds, paire
 samples and summaries as JSON. Pin it to one core, one thread::
 
     RELAXSPEC_THREADS=1 taskset -c 0 python scripts/bench_step.py --kernels packed-bf16,packed-int8 \\
-        --loops python,cpp-onednn,cpp --out results/bench_step/target.json
+        --loops python,cpp-torch,cpp --out results/bench_step/target.json
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ import numpy as np
 import torch
 
 from relaxspec.engine.kv import CachedLM
-from relaxspec.engine.native import onednn_products, python_layers
+from relaxspec.engine.native import python_layers, torch_kernels
 from relaxspec.engine.threads import configure_threads
 from relaxspec.methods import load_role
 from relaxspec.models import model_dir
 
 LOOPS = {  # --loops choice -> the contexts it runs in
     "cpp": (),
-    "cpp-onednn": (onednn_products,),
-    "python": (python_layers, onednn_products),
+    "cpp-torch": (torch_kernels,),
+    "python": (python_layers, torch_kernels),
 }
 
 

@@ -189,15 +189,15 @@ def test_a_failed_build_warns_once_and_the_python_loop_runs(monkeypatch):
 
 
 @pytest.fixture
-def few_rows():
-    kernel = native.few_row_kernel()
+def own_kernels():
+    kernel = native.own_kernels()
     if kernel is None:
         pytest.skip("this CPU has no AVX-512 BF16: products run on oneDNN")
     return kernel
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_few_row_product_is_the_bf16_product_and_each_row_stands_alone(few_rows, bias):
+def test_the_few_row_product_is_the_bf16_product_and_each_row_stands_alone(own_kernels, bias):
     """x·Wᵀ (+ b) on bf16 inputs and weights, fp32 sums rounded to bf16 as oneDNN's product; a row's
     result does not depend on the rows beside it (1 to 4 rows), and more rows go to oneDNN."""
     torch.manual_seed(0)
@@ -214,22 +214,22 @@ def test_the_few_row_product_is_the_bf16_product_and_each_row_stands_alone(few_r
         alone = product(x.reshape(4, 96)[m : m + 1])
         assert torch.equal(alone[0], got.reshape(4, 40)[m])
     five = torch.randn(5, 96)
-    with native.onednn_products():
-        assert native.few_row_kernel() is None
+    with native.torch_kernels():
+        assert native.own_kernels() is None
         onednn = product(five)
     assert torch.equal(product(five), onednn)  # 5 rows: oneDNN's product
 
 
-def test_the_few_row_kernel_refuses_what_it_cannot_take(few_rows):
+def test_the_own_kernels_refuses_what_it_cannot_take(own_kernels):
     plain = torch.randn(40, 96).bfloat16()
     with pytest.raises(RuntimeError, match="few-row kernel does not take"):
-        few_rows.small_product(torch.randn(5, 96), plain, None)
+        own_kernels.small_product(torch.randn(5, 96), plain, None)
     assert packed.PackedLinear([torch.nn.Linear(90, 40)], torch.bfloat16).plain is None  # 90 % 32
     assert packed.PackedLinear([torch.nn.Linear(96, 40)], torch.float32).plain is None  # fp32
 
 
 @pytest.mark.parametrize("kernels", ["packed-bf16"])
-def test_both_products_give_the_same_greedy_text(few_rows, target, kernels):
+def test_both_products_give_the_same_greedy_text(own_kernels, target, kernels):
     """The few-row kernel changes bf16 rounding only: on the tiny target, greedy AR's text is the
     same with oneDNN's products."""
     from relaxspec.core.sampling import SamplingParams
@@ -242,5 +242,32 @@ def test_both_products_give_the_same_greedy_text(few_rows, target, kernels):
     params = SamplingParams(temperature=0.0, max_new_tokens=30)
     for prompt in ("w1 w2", "w3 w3 w0", "w5"):
         few = engine.generate(prompt, params).tokens
-        with native.onednn_products():
+        with native.torch_kernels():
             assert engine.generate(prompt, params).tokens == few
+
+
+@pytest.mark.parametrize("heads, kv_heads, length", [(4, 4, 1), (4, 2, 37), (6, 6, 300)])
+def test_the_decode_attention_is_torchs_attention(own_kernels, heads, kv_heads, length):
+    """One new token over the cache's live prefix (a strided view of its buffer), grouped-query
+    heads included: torch's scaled_dot_product_attention up to float32 summation order; a mask or
+    more than one new token goes to torch's."""
+    gen = torch.Generator().manual_seed(length)
+    q = torch.randn(2, heads, 1, 64, generator=gen)
+    buffers = torch.randn(2, 2, kv_heads, 320, 64, generator=gen) * 3
+    keys, values = buffers[0][:, :, :length], buffers[1][:, :, :length]
+    gqa = kv_heads != heads
+    want = torch.nn.functional.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
+    got = own_kernels.attend(q, keys, values, None, gqa)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    mask = torch.ones(1, 1, 1, length, dtype=torch.bool)
+    masked = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+    assert torch.equal(own_kernels.attend(q, keys, values, mask, gqa), masked)
+
+
+def test_torch_kernels_are_the_path_before_the_own_kernels():
+    """Within torch_kernels both loops compute what the Python loop did before the module's own
+    kernels (oneDNN's products, torch's attention), bit for bit."""
+    model = _gqa()
+    packed.attach(model, "packed-bf16")
+    with native.torch_kernels():
+        _assert_identical(*_both(model, _sequence(model)))

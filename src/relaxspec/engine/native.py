@@ -7,11 +7,12 @@ machine, cached under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``)
 not change, only the cost per op. Where it cannot be built the Python loop runs, with one warning
 saying why; :func:`python_layers` forces the Python loop (tests, and benchmarks that compare both).
 
-The same module holds the few-row product on bf16 weights (:func:`few_row_kernel`: decode and
-verify forwards, at most 16 input rows, on CPUs with AVX-512 BF16): it streams each weight once
-at the memory's pace, where oneDNN's reads them at about half of it; its rows do not depend on how
-many rows are computed together, so a verify's rows equal decode steps bit for bit.
-:func:`onednn_products` forces oneDNN's product instead.
+The same module holds two kernels of its own for CPUs with AVX-512 BF16 (:func:`own_kernels`,
+used by both loops): the product of at most 4 input rows on bf16 weights (decode steps), which
+streams each weight once with prefetching where oneDNN's reads them more slowly, its rows not
+depending on how many are computed together; and a decode step's attention (one new token, no
+mask) without the per-call setup of torch's. :func:`torch_kernels` runs oneDNN's products and
+torch's attention instead (the path before them, for comparisons).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ NAME = "relaxspec_layers"
 _lock = threading.Lock()
 _built: dict[str, ModuleType | str | None] = {"module": None, "error": None}
 _PYTHON_ONLY: ContextVar[bool] = ContextVar("relaxspec_python_layers", default=False)
-_ONEDNN_ONLY: ContextVar[bool] = ContextVar("relaxspec_onednn_products", default=False)
+_TORCH_ONLY: ContextVar[bool] = ContextVar("relaxspec_torch_kernels", default=False)
 
 
 def _build() -> ModuleType:
@@ -64,11 +65,12 @@ def layers_module() -> ModuleType | None:
     return None if _PYTHON_ONLY.get() else _module()
 
 
-def few_row_kernel() -> ModuleType | None:
+def own_kernels() -> ModuleType | None:
     """The module whose ``small_product(x, plain, bias)`` runs products of at most
-    ``small_rows()`` input rows on row-major bf16 weights; None where the CPU lacks AVX-512 BF16,
-    the module cannot be built, or inside :func:`onednn_products`."""
-    if _ONEDNN_ONLY.get():
+    ``small_rows()`` input rows on row-major bf16 weights and whose ``attend`` runs a decode step's
+    attention; None where the CPU lacks AVX-512 BF16, the module cannot be built, or inside
+    :func:`torch_kernels`."""
+    if _TORCH_ONLY.get():
         return None
     module = _module()
     return module if module is not None and module.small_product_cpu() else None
@@ -93,6 +95,6 @@ def python_layers():
     return _setting(_PYTHON_ONLY)
 
 
-def onednn_products():
-    """Products run on oneDNN within this context, whatever their rows (this thread)."""
-    return _setting(_ONEDNN_ONLY)
+def torch_kernels():
+    """oneDNN's products and torch's attention within this context, in either loop (this thread)."""
+    return _setting(_TORCH_ONLY)

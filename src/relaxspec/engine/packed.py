@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from relaxspec.engine.native import few_row_kernel, layers_module
+from relaxspec.engine.native import layers_module, own_kernels
 from relaxspec.errors import RelaxSpecError
 
 # What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
@@ -130,7 +130,7 @@ class PackedLinear:
     Several ``torch.nn.Linear`` of the same input are fused into one product (their rows
     concatenated: q/k/v, gate/up). Inputs are cast to the packed dtype; outputs come back in
     float32 ``[..., out]``. bf16 weights are also kept row-major (``plain``) for the few-row
-    kernel (engine/native.py ``few_row_kernel``), which takes products of at most 16 input rows
+    kernel (engine/native.py ``own_kernels``), which takes products of at most 16 input rows
     where the CPU has it.
     """
 
@@ -145,7 +145,7 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.plain is not None and x.numel() <= SMALL_ROWS * self.in_features:
-            kernel = few_row_kernel()
+            kernel = own_kernels()
             if kernel is not None:
                 return kernel.small_product(x, self.plain, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
@@ -154,7 +154,7 @@ class PackedLinear:
     def parts(self) -> list[torch.Tensor | None]:
         """``[weight, bias, scale, plain]`` as the C++ loop takes a product (csrc/layers.cpp
         ``Linear``; no ``plain`` where the few-row kernel does not run)."""
-        return [self.weight, self.bias, None, self.plain if few_row_kernel() is not None else None]
+        return [self.weight, self.bias, None, self.plain if own_kernels() is not None else None]
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,10 +281,10 @@ class PackedLayers:
         B, T = x.shape[:2]
         past = [c.get_seq_length() for c in cache_layers]
         buffers = [c.reserve(B, self.kv_heads, T, self.head_dim, x) for c in cache_layers]
-        parts = self._parts(layers)
+        parts, own = self._parts(layers), own_kernels() is not None
         x = native.run_layers(
             x, parts, [k for k, _ in buffers], [v for _, v in buffers], past, cos, sin, mask,
-            self.heads, self.kv_heads, self.head_dim, self.eps,
+            self.heads, self.kv_heads, self.head_dim, self.eps, own,
         )  # fmt: skip
         for cache_layer, start in zip(cache_layers, past, strict=True):
             cache_layer.set_length(start + T)
@@ -293,7 +293,7 @@ class PackedLayers:
     def _parts(self, layers: Sequence[PackedLayer]) -> list[torch.Tensor | None]:
         """The flat tensor list of ``layers`` for the C++ loop (made once per list of layers and
         choice of products)."""
-        cached, few_rows = self.__dict__.get("_parts_of"), few_row_kernel() is not None
+        cached, few_rows = self.__dict__.get("_parts_of"), own_kernels() is not None
         if cached is None or cached[0] is not layers or cached[1] != few_rows:
             flat = [t for layer in layers for t in layer.parts()]
             cached = self.__dict__["_parts_of"] = (layers, few_rows, flat)
@@ -319,9 +319,12 @@ class PackedLayers:
         q = _rotate(q.view(B, T, self.heads, D).transpose(1, 2), cos, sin)
         k = _rotate(k.view(B, T, self.kv_heads, D).transpose(1, 2), cos, sin)
         keys, values = cache_layer.update(k, v.view(B, T, self.kv_heads, D).transpose(1, 2))
-        out = F.scaled_dot_product_attention(
-            q, keys.float(), values.float(), attn_mask=mask, enable_gqa=self.kv_heads != self.heads
-        )
+        keys, values, gqa = keys.float(), values.float(), self.kv_heads != self.heads
+        native = own_kernels()  # a decode step's attention kernel, where the module has it
+        if native is not None:
+            out = native.attend(q, keys, values, mask, gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
         return out.transpose(1, 2).reshape(B, T, self.heads * D)
 
 

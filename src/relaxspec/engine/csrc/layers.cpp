@@ -10,6 +10,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -17,14 +19,15 @@ namespace {
 
 using MaybeTensor = std::optional<at::Tensor>;
 
-// --- Products of a few rows (decode and verify) on bf16 weights: stream each weight once --------
+// --- Products of a few rows (decode steps) on bf16 weights: stream each weight once --------------
 //
-// oneDNN's bf16 product of a handful of rows reads the weights at about half the memory bandwidth a
-// core has (docs/performance.md §9). This kernel reads 4 weight rows at a time, prefetched 16 rows
-// ahead, and takes the dot products of all M input rows with them while they sit in L1: fp32
+// oneDNN's bf16 product of one row reads the weights below the memory bandwidth a core has
+// (docs/performance.md §9). This kernel reads 4 weight rows at a time, prefetched 16 rows ahead,
+// and takes the dot products of the M ≤ 4 input rows with them while they sit in L1: fp32
 // accumulation of bf16 products (AVX-512 BF16 `vdpbf16ps`), then bf16 rounding of the output as
-// oneDNN's bf16 product does. Each output is the same sum in the same order whatever M is, so a
-// verify's row equals the decode step of the same row bit for bit.
+// oneDNN's bf16 product does. Each output is the same sum in the same order whatever M is. Past 4
+// rows (verify forwards) oneDNN's blocked product is faster: a wider register-blocked version of
+// this kernel was measured slower there and at M = 1 (docs/performance.md §9).
 constexpr int64_t kSmallRows = 4;  // at most this many input rows take the kernel (more: oneDNN is faster)
 constexpr int64_t kAhead = 16;      // weight rows prefetched ahead
 
@@ -32,6 +35,8 @@ bool small_gemm_cpu() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
   return ok;
 }
+
+#define RS_ATTN_TARGET __attribute__((target("avx512f")))
 
 __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) void small_gemm_kernel(
     const uint16_t* x, int64_t M, const uint16_t* w, int64_t in, int64_t out, float* y) {
@@ -57,6 +62,63 @@ __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl"))) void small_gemm_
       ym[3] = _mm512_reduce_add_ps(a3);
     }
   }
+}
+
+// --- One new token's attention over the cache (a decode step, no mask) ---------------------------
+//
+// softmax(q·Kᵀ / √D) · V for q [B, H, 1, D] over keys / values [B, Hkv, S, D] (rows of D floats
+// at stride D, heads at any stride: the cache's live prefix), head h reading kv head h·Hkv/H. What
+// torch's scaled_dot_product_attention computes, up to float32 summation order, without its
+// per-call setup (the largest of a decode step's remaining costs beside the products).
+RS_ATTN_TARGET float dot64(const float* a, const float* b, int64_t D) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+  return _mm512_reduce_add_ps(acc);
+}
+
+RS_ATTN_TARGET at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys,
+                                           const at::Tensor& values) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = keys.size(1), S = keys.size(2);
+  auto qc = q.contiguous();
+  auto out = at::empty({B, H, 1, D}, q.options());
+  std::vector<float> p(S);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float* qd = qc.data_ptr<float>();
+  float* od = out.data_ptr<float>();
+  const float* kd = keys.data_ptr<float>();
+  const float* vd = values.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h * Hkv / H;
+      const float* qh = qd + (b * H + h) * D;
+      const float* kh = kd + b * keys.stride(0) + g * keys.stride(1);
+      const float* vh = vd + b * values.stride(0) + g * values.stride(1);
+      float top = -INFINITY;
+      for (int64_t s = 0; s < S; ++s) top = std::max(top, p[s] = dot64(qh, kh + s * keys.stride(2), D) * scale);
+      float total = 0.0f;
+      for (int64_t s = 0; s < S; ++s) total += (p[s] = std::exp(p[s] - top));
+      float* oh = od + (b * H + h) * D;
+      for (int64_t d = 0; d < D; d += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t s = 0; s < S; ++s)
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(vh + s * values.stride(2) + d), acc);
+        _mm512_storeu_ps(oh + d, _mm512_div_ps(acc, _mm512_set1_ps(total)));
+      }
+    }
+  }
+  return out;
+}
+
+bool decode_attention_fits(const at::Tensor& q, const at::Tensor& keys, const MaybeTensor& mask) {
+  return !mask.has_value() && q.size(2) == 1 && q.size(3) % 16 == 0 && small_gemm_cpu() &&
+         keys.stride(3) == 1 && q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat;
+}
+
+// The attention of PackedLayers._attention: the decode kernel where it fits, else torch's.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                  const MaybeTensor& mask, bool gqa) {
+  if (decode_attention_fits(q, keys, mask)) return decode_attention(q, keys, values);
+  return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt, gqa);
 }
 
 // Whether x [..., in] times plain bf16 weights [out, in] can take the kernel.
@@ -123,6 +185,7 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 struct Geometry {
   int64_t heads, kv_heads, head_dim;
   double eps;
+  bool own;  // this module's decode attention where it fits (else torch's everywhere)
 };
 
 // PackedLayers._attention: qkv [B, T, (H + 2 Hkv) D] -> [B, T, H D]; writes k/v into the buffers.
@@ -136,9 +199,11 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& keys, const at::Te
   auto v = parts[2].view({B, T, g.kv_heads, D}).transpose(1, 2);
   keys.slice(2, past, past + T).copy_(k);
   values.slice(2, past, past + T).copy_(v);
-  auto out = at::scaled_dot_product_attention(q, keys.slice(2, 0, past + T),
-                                              values.slice(2, 0, past + T), mask, 0.0, false,
-                                              std::nullopt, g.kv_heads != g.heads);
+  auto live_keys = keys.slice(2, 0, past + T), live_values = values.slice(2, 0, past + T);
+  const bool gqa = g.kv_heads != g.heads;
+  auto out = g.own ? attend(q, live_keys, live_values, mask, gqa)
+                   : at::scaled_dot_product_attention(q, live_keys, live_values, mask, 0.0, false,
+                                                      std::nullopt, gqa);
   return out.transpose(1, 2).reshape({B, T, g.heads * D});
 }
 
@@ -154,9 +219,9 @@ at::Tensor run_layers(at::Tensor x, const std::vector<MaybeTensor>& params,
                       const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                       const std::vector<int64_t>& past, const at::Tensor& cos, const at::Tensor& sin,
                       const MaybeTensor& mask, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                      double eps) {
+                      double eps, bool own) {
   pybind11::gil_scoped_release no_gil;
-  const Geometry g{heads, kv_heads, head_dim, eps};
+  const Geometry g{heads, kv_heads, head_dim, eps, own};
   TORCH_CHECK(params.size() == kPerLayer * keys.size(), "parameters per layer: ", kPerLayer);
   for (size_t l = 0; l < keys.size(); ++l) {
     const auto* p = &params[kPerLayer * l];
@@ -185,5 +250,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run_layers", &run_layers, "relaxspec's packed decoder layers (engine/packed.py)");
   m.def("small_product", &small_product, "x · plainᵀ (+ bias) for at most 16 rows, bf16 weights");
   m.def("small_product_cpu", &small_gemm_cpu, "whether this CPU runs the few-row kernel");
+  m.def("attend", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaybeTensor& mask,
+                     bool gqa) {
+    pybind11::gil_scoped_release no_gil;
+    return attend(q, k, v, mask, gqa);
+  }, "PackedLayers' attention: the decode kernel where it fits, else torch's");
   m.def("small_rows", []() { return kSmallRows; }, "the most input rows the few-row kernel takes");
 }
