@@ -277,6 +277,12 @@ def observe_forwards(model: PreTrainedModel, observer: ForwardObserver | None) -
         _FORWARD_OBSERVERS[id(model)] = observer
 
 
+def model_device(model: PreTrainedModel) -> torch.device:
+    """Where ``model``'s input embeddings live: what transformers' ``model.device`` returns, without
+    its walk over every module (called a few times per decode step)."""
+    return model.get_input_embeddings().weight.device
+
+
 def model_logits(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -296,7 +302,7 @@ def model_logits(
     head drafts from): the same forward, split into decoder and LM head.
     """
     follow_cpus()  # the thread count follows the CPUs other processes leave us (engine/threads.py)
-    device = model.device
+    device = model_device(model)
     inputs = {name: x.to(device) for name, x in inputs.items()}
     observer = _FORWARD_OBSERVERS.get(id(model))
     started = time.perf_counter()
@@ -371,7 +377,7 @@ class CachedLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return model_device(self.model)
 
     @property
     def context_length(self) -> int:
