@@ -2,7 +2,8 @@
 
 For each ``--kernels`` choice (engine/packed.py ``KERNELS``) and layer loop (``--loops``: ``cpp``,
 the default — the C++ loop of engine/native.py with its own kernels (few-row bf16 products, a
-decode step's attention);
+decode step's attention) and decode steps fused; ``cpp-unfused``, the same with the loop's ATen
+operators between the products;
 ``cpp-torch``, the C++ loop on torch's kernels (oneDNN's products, torch's attention);
 ``python``, the Python loop on torch's kernels, as before session 32) a :class:`CachedLM` of the model is
 filled with a ``--context``-token prompt; then, in interleaved rounds (every choice, every width,
@@ -14,7 +15,7 @@ row's speed over the first row's (ratio of medians, bootstrap over rounds, paire
 samples and summaries as JSON. Pin it to one core, one thread::
 
     RELAXSPEC_THREADS=1 taskset -c 0 python scripts/bench_step.py --kernels packed-bf16,packed-int8 \\
-        --loops python,cpp-torch,cpp --out results/bench_step/target.json
+        --loops python,cpp-torch,cpp-unfused,cpp --out results/bench_step/target.json
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import numpy as np
 import torch
 
 from relaxspec.engine.kv import CachedLM
-from relaxspec.engine.native import python_layers, torch_kernels
+from relaxspec.engine.native import python_layers, torch_kernels, unfused_decode
 from relaxspec.engine.threads import configure_threads
 from relaxspec.methods import load_role
 from relaxspec.models import model_dir
 
 LOOPS = {  # --loops choice -> the contexts it runs in
     "cpp": (),
+    "cpp-unfused": (unfused_decode,),
     "cpp-torch": (torch_kernels,),
     "python": (python_layers, torch_kernels),
 }

@@ -55,10 +55,11 @@ def _qwen2_bias() -> Qwen2ForCausalLM:
 
 
 def _both(model: torch.nn.Module, run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """``run(model)`` through the Python loop and through the C++ loop."""
+    """``run(model)`` through the Python loop and through the C++ loop's ATen operators."""
     with native.python_layers():
         python = run(model)
-    return python, run(model)
+    with native.unfused_decode():
+        return python, run(model)
 
 
 def _assert_identical(python: list[torch.Tensor], cpp: list[torch.Tensor]) -> None:
@@ -271,3 +272,25 @@ def test_torch_kernels_are_the_path_before_the_own_kernels():
     packed.attach(model, "packed-bf16")
     with native.torch_kernels():
         _assert_identical(*_both(model, _sequence(model)))
+
+
+@pytest.mark.parametrize("build", [tiny_llama, _gqa], ids=["llama", "llama-gqa-tied"])
+def test_a_fused_decode_step_computes_the_layers_to_rounding(own_kernels, build):
+    """One token of one sequence runs fused (plain loops between the products): the ATen path's
+    logits up to float32 rounding carried through bf16 products, the same argmax; a verify, a
+    batch row, biases, fp32 and int8 weights keep the ATen path."""
+    model = build(40) if build is tiny_llama else build()
+    packed.attach(model, "packed-bf16")
+    steps = own_kernels.fused_steps()
+    fused = _sequence(model)(model)
+    assert own_kernels.fused_steps() == steps + 1  # the one decode piece of the sequence
+    with native.unfused_decode():
+        aten = _sequence(model)(model)
+    for a, b in zip(aten, fused, strict=True):
+        torch.testing.assert_close(b, a, atol=0.02 * a.abs().max().item(), rtol=0)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+    for other in (_qwen2_bias(), tiny_llama(40)):
+        packed.attach(other, "packed-bf16" if other.config.model_type == "qwen2" else "packed-int8")
+        steps = own_kernels.fused_steps()
+        _sequence(other)(other)
+        assert own_kernels.fused_steps() == steps

@@ -12,7 +12,11 @@ used by both loops): the product of at most 4 input rows on bf16 weights (decode
 streams each weight once with prefetching where oneDNN's reads them more slowly, its rows not
 depending on how many are computed together; and a decode step's attention (one new token, no
 mask) without the per-call setup of torch's. :func:`torch_kernels` runs oneDNN's products and
-torch's attention instead (the path before them, for comparisons).
+torch's attention instead (the path before them, for comparisons). With its own kernels, a decode
+step of one sequence (one token, no mask, bias-free layers on bf16 weights) runs fused: the
+operators between the products in plain loops instead of ATen calls — the same formulas, float32
+rounding apart; :func:`unfused_decode` keeps the ATen operators (whose numbers are the Python
+loop's bit for bit).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ _lock = threading.Lock()
 _built: dict[str, ModuleType | str | None] = {"module": None, "error": None}
 _PYTHON_ONLY: ContextVar[bool] = ContextVar("relaxspec_python_layers", default=False)
 _TORCH_ONLY: ContextVar[bool] = ContextVar("relaxspec_torch_kernels", default=False)
+_UNFUSED: ContextVar[bool] = ContextVar("relaxspec_unfused_decode", default=False)
 
 
 def _build() -> ModuleType:
@@ -76,6 +81,11 @@ def own_kernels() -> ModuleType | None:
     return module if module is not None and module.small_product_cpu() else None
 
 
+def fused_decode() -> bool:
+    """Whether the C++ loop may run a decode step fused (not inside :func:`unfused_decode`)."""
+    return not _UNFUSED.get()
+
+
 def build_error() -> str | None:
     """Why the module could not be built (None if it was, or has not been tried)."""
     return _built["error"]  # type: ignore[return-value]
@@ -98,3 +108,8 @@ def python_layers():
 def torch_kernels():
     """oneDNN's products and torch's attention within this context, in either loop (this thread)."""
     return _setting(_TORCH_ONLY)
+
+
+def unfused_decode():
+    """Decode steps keep the C++ loop's ATen operators within this context (this thread)."""
+    return _setting(_UNFUSED)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from relaxspec.engine.native import layers_module, own_kernels
+from relaxspec.engine.native import fused_decode, layers_module, own_kernels
 from relaxspec.errors import RelaxSpecError
 
 # What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
@@ -284,7 +284,7 @@ class PackedLayers:
         parts, own = self._parts(layers), own_kernels() is not None
         x = native.run_layers(
             x, parts, [k for k, _ in buffers], [v for _, v in buffers], past, cos, sin, mask,
-            self.heads, self.kv_heads, self.head_dim, self.eps, own,
+            self.heads, self.kv_heads, self.head_dim, self.eps, own, own and fused_decode(),
         )  # fmt: skip
         for cache_layer, start in zip(cache_layers, past, strict=True):
             cache_layer.set_length(start + T)

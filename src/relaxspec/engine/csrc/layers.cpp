@@ -11,7 +11,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -213,16 +215,179 @@ Linear linear_at(const std::vector<MaybeTensor>& p, size_t i) {
   return Linear{*p[i], p[i + 1], p[i + 2], p[i + 3]};
 }
 
+// --- A decode step of one sequence, fused: one token through every layer on raw floats ----------
+//
+// With one new token of one sequence every operator between the products touches a few hundred
+// floats, and ATen's dispatch and allocation cost more than the arithmetic. This path does them in
+// plain loops (RMSNorm, rotary, the cache write, attention, SiLU · up, the residual adds) around the
+// few-row products, for bias-free layers whose products all have row-major bf16 weights. The same
+// formulas as the ATen path; float32 rounding differs (RMSNorm's sum of squares, exp), so its
+// numbers match the other path's to float32 rounding, not bit for bit (tests/test_native.py).
+inline uint16_t to_bf16(float f) {  // round to nearest even, as torch converts
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::atomic<int64_t> fused_steps{0};  // decode steps that took the fused path (tests, diagnostics)
+
+struct Scratch {
+  std::vector<uint16_t> xb;
+  std::vector<float> h, qkv, attn, gate_up, act, out, scores;
+};
+
+// y [out] = bf16(W · bf16(x)), W row-major bf16 [out, in]: the few-row kernel on one row.
+void product1(const float* x, const at::Tensor& plain, float* y, Scratch& s) {
+  const int64_t in = plain.size(1), out = plain.size(0);
+  s.xb.resize(in);
+  for (int64_t i = 0; i < in; ++i) s.xb[i] = to_bf16(x[i]);
+  small_gemm_kernel(s.xb.data(), 1, reinterpret_cast<const uint16_t*>(plain.data_ptr()), in, out, y);
+  for (int64_t j = 0; j < out; ++j) y[j] = from_bf16(to_bf16(y[j]));
+}
+
+// out = x / sqrt(mean(x²) + eps) · w, with w the first half of the doubled weight (rms_norm).
+void rms_norm1(const float* x, const at::Tensor& weight2, double eps, int64_t H, float* out) {
+  const float* w = weight2.data_ptr<float>();
+  float squares = 0.0f;
+  for (int64_t i = 0; i < H; ++i) squares += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(squares / static_cast<float>(H) + static_cast<float>(eps));
+  for (int64_t i = 0; i < H; ++i) out[i] = x[i] * scale * w[i];
+}
+
+// Rotary of `heads` vectors of D floats in place (_rotate: x · cos + rotate_half(x) · sin).
+void rotate1(float* x, int64_t heads, int64_t D, const float* cos, const float* sin) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * D;
+    for (int64_t d = 0; d < half; ++d) {
+      const float a = v[d], b = v[d + half];
+      v[d] = a * cos[d] - b * sin[d];
+      v[d + half] = b * cos[d + half] + a * sin[d + half];
+    }
+  }
+}
+
+// Attention of H query heads [H, D] over S cached positions of Hkv heads (strided buffers).
+RS_ATTN_TARGET void attend1(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t S,
+                            int64_t H, int64_t Hkv, int64_t D, float* out, std::vector<float>& p) {
+  p.resize(S);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float* kd = keys.data_ptr<float>();
+  const float* vd = values.data_ptr<float>();
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = h * Hkv / H;
+    const float* kh = kd + g * keys.stride(1);
+    const float* vh = vd + g * values.stride(1);
+    float top = -INFINITY;
+    for (int64_t s = 0; s < S; ++s) top = std::max(top, p[s] = dot64(q + h * D, kh + s * keys.stride(2), D) * scale);
+    float total = 0.0f;
+    for (int64_t s = 0; s < S; ++s) total += (p[s] = std::exp(p[s] - top));
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t s = 0; s < S; ++s)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(vh + s * values.stride(2) + d), acc);
+      _mm512_storeu_ps(out + h * D + d, _mm512_div_ps(acc, _mm512_set1_ps(total)));
+    }
+  }
+}
+
+// Whether the fused decode step takes this call (one token of one sequence, no mask, bias-free
+// layers with every product on the few-row kernel, float32 caches).
+bool fused_decode_fits(const at::Tensor& x, const std::vector<MaybeTensor>& params,
+                       const std::vector<at::Tensor>& keys, const MaybeTensor& mask, const Geometry& g) {
+  if (!g.own || mask.has_value() || x.size(0) != 1 || x.size(1) != 1 || g.head_dim % 16 != 0) return false;
+  if (!small_gemm_cpu() || x.scalar_type() != at::kFloat) return false;
+  for (size_t l = 0; l < keys.size(); ++l) {
+    const auto* p = &params[kPerLayer * l];
+    for (size_t j = 0; j < 4; ++j) {
+      const auto* lin = p + 2 + j * kPerLinear;
+      if (lin[1].has_value() || lin[2].has_value() || !lin[3].has_value()) return false;  // bias, int8, no plain
+    }
+    if (keys[l].size(0) != 1 || keys[l].scalar_type() != at::kFloat || keys[l].stride(3) != 1) return false;
+  }
+  return true;
+}
+
+at::Tensor fused_decode(at::Tensor x, const std::vector<MaybeTensor>& params,
+                        const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                        const std::vector<int64_t>& past, const at::Tensor& cos, const at::Tensor& sin,
+                        const Geometry& g) {
+  thread_local Scratch s;
+  const int64_t H = x.size(2), D = g.head_dim, Hq = g.heads, Hkv = g.kv_heads;
+  auto out = x.contiguous().clone();
+  float* r = out.data_ptr<float>();  // the residual stream [H]
+  auto c = cos.contiguous(), sn = sin.contiguous();
+  const float* cp = c.data_ptr<float>();
+  const float* sp = sn.data_ptr<float>();
+  s.h.resize(H);
+  for (size_t l = 0; l < keys.size(); ++l) {
+    const auto* p = &params[kPerLayer * l];
+    const at::Tensor& qkv_w = *p[2 + 3];
+    const at::Tensor& o_w = *p[2 + kPerLinear + 3];
+    const at::Tensor& gu_w = *p[2 + 2 * kPerLinear + 3];
+    const at::Tensor& down_w = *p[2 + 3 * kPerLinear + 3];
+    const float* h = r;
+    if (p[0].has_value()) {
+      rms_norm1(r, *p[0], g.eps, H, s.h.data());
+      h = s.h.data();
+    }
+    s.qkv.resize(qkv_w.size(0));
+    product1(h, qkv_w, s.qkv.data(), s);
+    float* q = s.qkv.data();
+    float* k = q + Hq * D;
+    const float* v = k + Hkv * D;
+    rotate1(q, Hq, D, cp, sp);
+    rotate1(k, Hkv, D, cp, sp);
+    float* kb = keys[l].data_ptr<float>();
+    float* vb = values[l].data_ptr<float>();
+    for (int64_t j = 0; j < Hkv; ++j) {
+      std::memcpy(kb + j * keys[l].stride(1) + past[l] * keys[l].stride(2), k + j * D, D * sizeof(float));
+      std::memcpy(vb + j * values[l].stride(1) + past[l] * values[l].stride(2), v + j * D, D * sizeof(float));
+    }
+    s.attn.resize(Hq * D);
+    attend1(q, keys[l], values[l], past[l] + 1, Hq, Hkv, D, s.attn.data(), s.scores);
+    s.out.resize(o_w.size(0));
+    product1(s.attn.data(), o_w, s.out.data(), s);
+    for (int64_t i = 0; i < H; ++i) r[i] += s.out[i];
+    rms_norm1(r, *p[1], g.eps, H, s.h.data());
+    s.gate_up.resize(gu_w.size(0));
+    product1(s.h.data(), gu_w, s.gate_up.data(), s);
+    const int64_t I = gu_w.size(0) / 2;
+    s.act.resize(I);
+    for (int64_t i = 0; i < I; ++i) {
+      const float gate = s.gate_up[i];
+      s.act[i] = gate / (1.0f + std::exp(-gate)) * s.gate_up[I + i];
+    }
+    s.out.resize(down_w.size(0));
+    product1(s.act.data(), down_w, s.out.data(), s);
+    for (int64_t i = 0; i < H; ++i) r[i] += s.out[i];
+  }
+  return out;
+}
+
 // The layers on the residual stream x. params: per layer kPerLayer entries,
 // [attn_norm?, mlp_norm, then (weight, bias?, scale?, plain?) for qkv, o, gate_up, down].
 at::Tensor run_layers(at::Tensor x, const std::vector<MaybeTensor>& params,
                       const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
                       const std::vector<int64_t>& past, const at::Tensor& cos, const at::Tensor& sin,
                       const MaybeTensor& mask, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                      double eps, bool own) {
+                      double eps, bool own, bool fuse) {
   pybind11::gil_scoped_release no_gil;
   const Geometry g{heads, kv_heads, head_dim, eps, own};
   TORCH_CHECK(params.size() == kPerLayer * keys.size(), "parameters per layer: ", kPerLayer);
+  if (fuse && fused_decode_fits(x, params, keys, mask, g)) {
+    ++fused_steps;
+    return fused_decode(x, params, keys, values, past, cos, sin, g);
+  }
   for (size_t l = 0; l < keys.size(); ++l) {
     const auto* p = &params[kPerLayer * l];
     std::vector<MaybeTensor> lp(p, p + kPerLayer);
@@ -256,4 +421,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return attend(q, k, v, mask, gqa);
   }, "PackedLayers' attention: the decode kernel where it fits, else torch's");
   m.def("small_rows", []() { return kSmallRows; }, "the most input rows the few-row kernel takes");
+  m.def("fused_steps", []() { return fused_steps.load(); }, "decode steps run fused so far");
 }
