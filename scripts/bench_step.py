@@ -119,7 +119,19 @@ def speedups(samples: dict, widths: list[int]) -> dict:
     }
 
 
+def print_decode_table(summary: dict, speed: dict) -> None:
+    """``--k 0``: decode steps back to back, no verify between them (what AR runs)."""
+    print(f"{'kernels:loop':<19} {'clock':<5} {'decode T=1 ms':>22} {'decode speed vs row 1':>22}")
+    for choice, by_width in summary.items():
+        for clock in ("cpu", "wall"):
+            c, (r, lo, hi) = by_width[1][clock], speed[choice][1][clock]
+            cell = f"{c['median_ms']:6.2f} [{c['low_ms']:.2f}, {c['high_ms']:.2f}]"
+            print(f"{choice:<19} {clock:<5} {cell:>22} {f'{r:.2f}x [{lo:.2f}, {hi:.2f}]':>22}")
+
+
 def print_table(summary: dict, speed: dict, widths: list[int]) -> None:
+    if len(widths) == 1:
+        return print_decode_table(summary, speed)
     decode, verify = widths
     head = f"{'kernels:loop':<19} {'clock':<5} {'decode T=1 ms':>22} {f'verify T={verify} ms':>22}"
     print(f"{head} {'verify/decode':>13} {'decode speed vs row 1':>22} {'verify speed vs row 1':>22}")
@@ -139,14 +151,16 @@ def main() -> None:
     parser.add_argument("--role", default="target", help="bundled model role (target, draft)")
     parser.add_argument("--kernels", default="packed,packed-bf16,packed-int8", help="comma-separated")
     parser.add_argument("--loops", default="cpp", help=f"comma-separated: {', '.join(LOOPS)}")
-    parser.add_argument("--k", type=int, default=4, help="draft length: the verify forward has K + 1 tokens")
+    parser.add_argument(
+        "--k", type=int, default=4, help="draft length: a verify of K + 1 tokens (0: decode steps only)"
+    )
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--context", type=int, default=64, help="tokens in the cache before each forward")
     parser.add_argument("--out", type=Path, default=None, help="JSON file for samples and summary")
     args = parser.parse_args()
     threads = configure_threads()
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    widths = [1, args.k + 1]
+    widths = [1, args.k + 1] if args.k > 0 else [1]
     loops = [loop.strip() for loop in args.loops.split(",") if loop.strip()]
     if not set(loops) <= set(LOOPS):
         parser.error(f"--loops takes {', '.join(LOOPS)}, not {args.loops!r}")
