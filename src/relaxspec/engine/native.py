@@ -21,6 +21,9 @@ loop's bit for bit).
 
 from __future__ import annotations
 
+import os
+import shutil
+import sysconfig
 import threading
 import warnings
 from collections.abc import Iterator
@@ -42,6 +45,8 @@ _UNFUSED: ContextVar[bool] = ContextVar("relaxspec_unfused_decode", default=Fals
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
+    if shutil.which("ninja") is None:  # a venv's tools when its bin/ is not on PATH (not activated)
+        os.environ["PATH"] = sysconfig.get_path("scripts") + os.pathsep + os.environ.get("PATH", "")
     return load(name=NAME, sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False)
 
 
