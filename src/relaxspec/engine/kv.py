@@ -100,12 +100,13 @@ class PositionLayer(DynamicLayer):
         """The buffers ``(keys, values)`` ``[rows, heads, capacity, head_dim]`` (capacity ≥ length +
         ``new``) that a forward writes its ``new`` positions into before :meth:`set_length`: the C++
         layer loop's way in (engine/native.py); same dtype as ``like``."""
-        stub = like.new_empty(rows, heads, new, head_dim)
-        if not self.is_initialized:
-            self.lazy_initialization(stub, stub)
         end = self.length + new
-        if end > self._keys.shape[2]:
-            self._grow(stub, stub, max(end, min(2 * self._keys.shape[2], self.max_length)))
+        if not self.is_initialized or end > self._keys.shape[2]:
+            stub = like.new_empty(rows, heads, new, head_dim)
+            if not self.is_initialized:
+                self.lazy_initialization(stub, stub)
+            if end > self._keys.shape[2]:
+                self._grow(stub, stub, max(end, min(2 * self._keys.shape[2], self.max_length)))
         if self._keys.shape[0] != rows or self._keys.dtype != like.dtype:
             held = f"{self._keys.shape[0]} {self._keys.dtype} rows"
             raise RelaxSpecError(f"the cache holds {held}, not {rows} {like.dtype} rows")
