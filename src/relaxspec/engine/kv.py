@@ -96,7 +96,9 @@ class PositionLayer(DynamicLayer):
         self.set_length(end)
         return self.keys, self.values
 
-    def reserve(self, rows: int, heads: int, new: int, head_dim: int, like: torch.Tensor):
+    def reserve(
+        self, rows: int, heads: int, new: int, head_dim: int, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The buffers ``(keys, values)`` ``[rows, heads, capacity, head_dim]`` (capacity ≥ length +
         ``new``) that a forward writes its ``new`` positions into before :meth:`set_length`: the C++
         layer loop's way in (engine/native.py); same dtype as ``like``."""
