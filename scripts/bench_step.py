@@ -11,8 +11,9 @@ in the same round, so load on the machine hits all alike), one forward of T = 1 
 and one of T = K + 1 (a verify) after that context, rolled back after each. Each forward records
 its wall time (``perf_counter``) and this thread's CPU time (``thread_time``: what a loaded core
 does not inflate). Prints medians with 95 % bootstrap intervals, the verify/decode ratio and each
-row's speed over the first row's (ratio of medians, bootstrap over rounds, paired), and writes the
-samples and summaries as JSON. Pin it to one core, one thread::
+row's speed over the first row's (ratio of total times with the bench's paired jackknife over
+rounds, eval/intervals.py ``speed_ratio``), and writes the samples and summaries as JSON. Pin it
+to one core, one thread::
 
     RELAXSPEC_THREADS=1 taskset -c 0 python scripts/bench_step.py --kernels packed-bf16,packed-int8 \\
         --loops python,cpp-torch,cpp-unfused,cpp --out results/bench_step/target.json
@@ -32,6 +33,7 @@ import torch
 from relaxspec.engine.kv import CachedLM
 from relaxspec.engine.native import python_layers, torch_kernels, unfused_decode
 from relaxspec.engine.threads import configure_threads
+from relaxspec.eval.intervals import speed_ratio
 from relaxspec.methods import load_role
 from relaxspec.models import model_dir
 
@@ -51,13 +53,13 @@ def median_interval(values: list[float], resamples: int = 2000, seed: int = 0) -
     return float(np.median(x)), float(low), float(high)
 
 
-def paired_ratio(base: list[float], other: list[float], resamples: int = 2000, seed: int = 0) -> tuple:
-    """``(ratio, low, high)``: median(base) / median(other), rounds resampled together (95 %)."""
-    a, b = np.asarray(base), np.asarray(other)
-    draws = np.random.default_rng(seed).integers(0, a.size, size=(resamples, a.size))
-    ratios = np.median(a[draws], axis=1) / np.median(b[draws], axis=1)
-    low, high = np.quantile(ratios, [0.025, 0.975])
-    return float(np.median(a) / np.median(b)), float(low), float(high)
+def paired_ratio(base: list[float], other: list[float]) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: total time of ``base`` over total time of ``other`` — the bench's
+    speed ratio (eval/intervals.py ``speed_ratio``, jackknife over rounds: one forward per round
+    and row, so rounds are the paired units)."""
+    ones = [1.0] * len(base)
+    iv = speed_ratio(ones, other, ones, base)
+    return iv.estimate, iv.low, iv.high
 
 
 def timed_forward(lm: CachedLM, width: int, generator: torch.Generator, loop: str) -> tuple[float, float]:
@@ -111,7 +113,7 @@ def summarise(samples: dict) -> dict:
 
 
 def speedups(samples: dict, widths: list[int]) -> dict:
-    """Per row, width and clock: the first row's median over this row's, with its interval."""
+    """Per row, width and clock: the first row's total time over this row's, with its interval."""
     first = next(iter(samples.values()))
     return {
         choice: {w: {c: paired_ratio(first[w][c], by_width[w][c]) for c in ("cpu", "wall")} for w in widths}

@@ -75,15 +75,20 @@ def layers_module() -> ModuleType | None:
     return None if _PYTHON_ONLY.get() else _module()
 
 
+def own_kernels_available() -> bool:
+    """Whether the module's own kernels can run here (built, and the CPU has AVX-512 BF16),
+    whatever :func:`torch_kernels` says: what packing decides to keep row-major weights on."""
+    module = _module()
+    return module is not None and bool(module.small_product_cpu())
+
+
 def own_kernels() -> ModuleType | None:
     """The module whose ``small_product(x, plain, bias)`` runs products of at most
     ``small_rows()`` input rows on row-major bf16 weights and whose ``attend`` runs a decode step's
-    attention; None where the CPU lacks AVX-512 BF16, the module cannot be built, or inside
-    :func:`torch_kernels`."""
-    if _TORCH_ONLY.get():
+    attention; None where they are not available or inside :func:`torch_kernels`."""
+    if _TORCH_ONLY.get() or not own_kernels_available():
         return None
-    module = _module()
-    return module if module is not None and module.small_product_cpu() else None
+    return _built["module"]  # type: ignore[return-value]
 
 
 def fused_decode() -> bool:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from relaxspec.engine.native import fused_decode, layers_module, own_kernels
+from relaxspec.engine.native import fused_decode, layers_module, own_kernels, own_kernels_available
 from relaxspec.errors import RelaxSpecError
 
 # What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
@@ -34,7 +34,6 @@ from relaxspec.errors import RelaxSpecError
 # else packed, else hf).
 KERNELS = ("auto", "hf", "packed", "packed-bf16", "packed-int8")
 WEIGHTS = {"packed": "fp32", "packed-bf16": "bf16", "packed-int8": "int8"}  # kernels -> weights
-SMALL_ROWS = 4  # products of at most this many rows may take the few-row kernel (csrc kSmallRows)
 ATTRIBUTE = "relaxspec_packed_forward"  # where attach() leaves the forward on the model
 SUPPORTED_TYPES = ("llama", "qwen2")
 
@@ -129,9 +128,8 @@ class PackedLinear:
 
     Several ``torch.nn.Linear`` of the same input are fused into one product (their rows
     concatenated: q/k/v, gate/up). Inputs are cast to the packed dtype; outputs come back in
-    float32 ``[..., out]``. bf16 weights are also kept row-major (``plain``) for the few-row
-    kernel (engine/native.py ``own_kernels``), which takes products of at most 16 input rows
-    where the CPU has it.
+    float32 ``[..., out]``. Where the few-row kernel runs (engine/native.py ``own_kernels``: products
+    of at most ``small_rows()`` input rows), bf16 weights are also kept row-major (``plain``).
     """
 
     def __init__(self, linears: Sequence[torch.nn.Linear], dtype: torch.dtype) -> None:
@@ -141,20 +139,19 @@ class PackedLinear:
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous())
         self.bias = None if bias is None else bias.to(dtype)
         fits = dtype == torch.bfloat16 and self.in_features % 32 == 0 and self.out_features % 4 == 0
-        self.plain = weight.to(dtype).contiguous() if fits else None
+        self.plain = weight.to(dtype).contiguous() if fits and own_kernels_available() else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.plain is not None and x.numel() <= SMALL_ROWS * self.in_features:
-            kernel = own_kernels()
-            if kernel is not None:
-                return kernel.small_product(x, self.plain, self.bias)
+        kernel = None if self.plain is None else own_kernels()
+        if kernel is not None and x.numel() <= kernel.small_rows() * self.in_features:
+            return kernel.small_product(x, self.plain, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
         return y.float()
 
-    def parts(self) -> list[torch.Tensor | None]:
+    def parts(self, own: bool) -> list[torch.Tensor | None]:
         """``[weight, bias, scale, plain]`` as the C++ loop takes a product (csrc/layers.cpp
-        ``Linear``; no ``plain`` where the few-row kernel does not run)."""
-        return [self.weight, self.bias, None, self.plain if own_kernels() is not None else None]
+        ``Linear``; no ``plain`` unless ``own``: the module's own kernels run)."""
+        return [self.weight, self.bias, None, self.plain if own else None]
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,7 +188,7 @@ class Int8Linear:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
-    def parts(self) -> list[torch.Tensor | None]:
+    def parts(self, own: bool) -> list[torch.Tensor | None]:
         """``[weight, bias, scale, plain]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
         return [self.q, self.bias, self.scale, None]
 
@@ -241,10 +238,10 @@ class PackedLayer:
             mlp_norm=doubled(layer.post_attention_layernorm.weight),
         )
 
-    def parts(self) -> list[torch.Tensor | None]:
+    def parts(self, own: bool) -> list[torch.Tensor | None]:
         """The layer's 18 tensors in the C++ loop's order: norms, then qkv, o, gate_up, down."""
         products = (self.qkv, self.o, self.gate_up, self.down)
-        return [self.attn_norm, self.mlp_norm, *(t for lin in products for t in lin.parts())]
+        return [self.attn_norm, self.mlp_norm, *(t for lin in products for t in lin.parts(own))]
 
 
 class PackedLayers:
@@ -281,7 +278,8 @@ class PackedLayers:
         B, T = x.shape[:2]
         past = [c.get_seq_length() for c in cache_layers]
         buffers = [c.reserve(B, self.kv_heads, T, self.head_dim, x) for c in cache_layers]
-        parts, own = self._parts(layers), own_kernels() is not None
+        own = own_kernels() is not None
+        parts = self._parts(layers, own)
         x = native.run_layers(
             x, parts, [k for k, _ in buffers], [v for _, v in buffers], past, cos, sin, mask,
             self.heads, self.kv_heads, self.head_dim, self.eps, own, own and fused_decode(),
@@ -290,13 +288,13 @@ class PackedLayers:
             cache_layer.set_length(start + T)
         return x
 
-    def _parts(self, layers: Sequence[PackedLayer]) -> list[torch.Tensor | None]:
+    def _parts(self, layers: Sequence[PackedLayer], own: bool) -> list[torch.Tensor | None]:
         """The flat tensor list of ``layers`` for the C++ loop (made once per list of layers and
-        choice of products)."""
-        cached, few_rows = self.__dict__.get("_parts_of"), own_kernels() is not None
-        if cached is None or cached[0] is not layers or cached[1] != few_rows:
-            flat = [t for layer in layers for t in layer.parts()]
-            cached = self.__dict__["_parts_of"] = (layers, few_rows, flat)
+        choice of kernels)."""
+        cached = self.__dict__.get("_parts_of")
+        if cached is None or cached[0] is not layers or cached[1] != own:
+            flat = [t for layer in layers for t in layer.parts(own)]
+            cached = self.__dict__["_parts_of"] = (layers, own, flat)
         return cached[2]
 
     def layer(

@@ -78,36 +78,39 @@ RS_ATTN_TARGET float dot64(const float* a, const float* b, int64_t D) {
   return _mm512_reduce_add_ps(acc);
 }
 
-RS_ATTN_TARGET at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys,
-                                           const at::Tensor& values) {
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = keys.size(1), S = keys.size(2);
-  auto qc = q.contiguous();
-  auto out = at::empty({B, H, 1, D}, q.options());
-  std::vector<float> p(S);
+// One sequence: q [H, D] over the first S positions of keys / values (batch row `b` of the cache
+// buffers [B, Hkv, capacity, D]) -> out [H, D]; p: scratch for S scores.
+RS_ATTN_TARGET void attend_row(const float* q, const at::Tensor& keys, const at::Tensor& values,
+                               int64_t b, int64_t S, int64_t H, float* out, std::vector<float>& p) {
+  const int64_t Hkv = keys.size(1), D = keys.size(3);
+  p.resize(S);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float* qd = qc.data_ptr<float>();
-  float* od = out.data_ptr<float>();
-  const float* kd = keys.data_ptr<float>();
-  const float* vd = values.data_ptr<float>();
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h * Hkv / H;
-      const float* qh = qd + (b * H + h) * D;
-      const float* kh = kd + b * keys.stride(0) + g * keys.stride(1);
-      const float* vh = vd + b * values.stride(0) + g * values.stride(1);
-      float top = -INFINITY;
-      for (int64_t s = 0; s < S; ++s) top = std::max(top, p[s] = dot64(qh, kh + s * keys.stride(2), D) * scale);
-      float total = 0.0f;
-      for (int64_t s = 0; s < S; ++s) total += (p[s] = std::exp(p[s] - top));
-      float* oh = od + (b * H + h) * D;
-      for (int64_t d = 0; d < D; d += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t s = 0; s < S; ++s)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(vh + s * values.stride(2) + d), acc);
-        _mm512_storeu_ps(oh + d, _mm512_div_ps(acc, _mm512_set1_ps(total)));
-      }
+  const float* kd = keys.data_ptr<float>() + b * keys.stride(0);
+  const float* vd = values.data_ptr<float>() + b * values.stride(0);
+  for (int64_t h = 0; h < H; ++h) {
+    const int64_t g = h * Hkv / H;
+    const float* kh = kd + g * keys.stride(1);
+    const float* vh = vd + g * values.stride(1);
+    float top = -INFINITY;
+    for (int64_t s = 0; s < S; ++s) top = std::max(top, p[s] = dot64(q + h * D, kh + s * keys.stride(2), D) * scale);
+    float total = 0.0f;
+    for (int64_t s = 0; s < S; ++s) total += (p[s] = std::exp(p[s] - top));
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t s = 0; s < S; ++s)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(vh + s * values.stride(2) + d), acc);
+      _mm512_storeu_ps(out + h * D + d, _mm512_div_ps(acc, _mm512_set1_ps(total)));
     }
   }
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3);
+  auto qc = q.contiguous();
+  auto out = at::empty({B, H, 1, D}, q.options());
+  std::vector<float> p;
+  for (int64_t b = 0; b < B; ++b)
+    attend_row(qc.data_ptr<float>() + b * H * D, keys, values, b, keys.size(2), H, out.data_ptr<float>() + b * H * D, p);
   return out;
 }
 
@@ -211,7 +214,7 @@ at::Tensor attention(const at::Tensor& qkv, const at::Tensor& keys, const at::Te
 
 constexpr size_t kPerLinear = 4, kPerLayer = 2 + 4 * kPerLinear;
 
-Linear linear_at(const std::vector<MaybeTensor>& p, size_t i) {
+Linear linear_at(const MaybeTensor* p, size_t i) {
   return Linear{*p[i], p[i + 1], p[i + 2], p[i + 3]};
 }
 
@@ -276,30 +279,6 @@ void rotate1(float* x, int64_t heads, int64_t D, const float* cos, const float* 
   }
 }
 
-// Attention of H query heads [H, D] over S cached positions of Hkv heads (strided buffers).
-RS_ATTN_TARGET void attend1(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t S,
-                            int64_t H, int64_t Hkv, int64_t D, float* out, std::vector<float>& p) {
-  p.resize(S);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float* kd = keys.data_ptr<float>();
-  const float* vd = values.data_ptr<float>();
-  for (int64_t h = 0; h < H; ++h) {
-    const int64_t g = h * Hkv / H;
-    const float* kh = kd + g * keys.stride(1);
-    const float* vh = vd + g * values.stride(1);
-    float top = -INFINITY;
-    for (int64_t s = 0; s < S; ++s) top = std::max(top, p[s] = dot64(q + h * D, kh + s * keys.stride(2), D) * scale);
-    float total = 0.0f;
-    for (int64_t s = 0; s < S; ++s) total += (p[s] = std::exp(p[s] - top));
-    for (int64_t d = 0; d < D; d += 16) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t s = 0; s < S; ++s)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(vh + s * values.stride(2) + d), acc);
-      _mm512_storeu_ps(out + h * D + d, _mm512_div_ps(acc, _mm512_set1_ps(total)));
-    }
-  }
-}
-
 // Whether the fused decode step takes this call (one token of one sequence, no mask, bias-free
 // layers with every product on the few-row kernel, float32 caches).
 bool fused_decode_fits(const at::Tensor& x, const std::vector<MaybeTensor>& params,
@@ -354,7 +333,7 @@ at::Tensor fused_decode(at::Tensor x, const std::vector<MaybeTensor>& params,
       std::memcpy(vb + j * values[l].stride(1) + past[l] * values[l].stride(2), v + j * D, D * sizeof(float));
     }
     s.attn.resize(Hq * D);
-    attend1(q, keys[l], values[l], past[l] + 1, Hq, Hkv, D, s.attn.data(), s.scores);
+    attend_row(q, keys[l], values[l], 0, past[l] + 1, Hq, s.attn.data(), s.scores);
     s.out.resize(o_w.size(0));
     product1(s.attn.data(), o_w, s.out.data(), s);
     for (int64_t i = 0; i < H; ++i) r[i] += s.out[i];
@@ -389,8 +368,7 @@ at::Tensor run_layers(at::Tensor x, const std::vector<MaybeTensor>& params,
     return fused_decode(x, params, keys, values, past, cos, sin, g);
   }
   for (size_t l = 0; l < keys.size(); ++l) {
-    const auto* p = &params[kPerLayer * l];
-    std::vector<MaybeTensor> lp(p, p + kPerLayer);
+    const MaybeTensor* lp = &params[kPerLayer * l];
     auto h = lp[0].has_value() ? rms_norm(x, *lp[0], g.eps) : x;
     auto qkv = linear_at(lp, 2)(h);
     auto attended = attention(qkv, keys[l], values[l], past[l], cos, sin, mask, g);
@@ -413,7 +391,7 @@ at::Tensor small_product(const at::Tensor& x, const at::Tensor& plain, const May
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run_layers", &run_layers, "relaxspec's packed decoder layers (engine/packed.py)");
-  m.def("small_product", &small_product, "x · plainᵀ (+ bias) for at most 16 rows, bf16 weights");
+  m.def("small_product", &small_product, "x · plainᵀ (+ bias) for at most small_rows() rows, bf16 weights");
   m.def("small_product_cpu", &small_gemm_cpu, "whether this CPU runs the few-row kernel");
   m.def("attend", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaybeTensor& mask,
                      bool gqa) {
