@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from relaxspec.engine.kv import CachedLM
-from relaxspec.engine.native import python_layers, torch_kernels, unfused_decode
+from relaxspec.engine.native import python_layers, torch_kernels, unfused
 from relaxspec.engine.threads import configure_threads
 from relaxspec.eval.intervals import speed_ratio
 from relaxspec.methods import load_role
@@ -39,7 +39,7 @@ from relaxspec.models import model_dir
 
 LOOPS = {  # --loops choice -> the contexts it runs in
     "cpp": (),
-    "cpp-unfused": (unfused_decode,),
+    "cpp-unfused": (unfused,),
     "cpp-torch": (torch_kernels,),
     "python": (python_layers, torch_kernels),
 }

@@ -58,7 +58,7 @@ def _both(model: torch.nn.Module, run) -> tuple[list[torch.Tensor], list[torch.T
     """``run(model)`` through the Python loop and through the C++ loop's ATen operators."""
     with native.python_layers():
         python = run(model)
-    with native.unfused_decode():
+    with native.unfused():
         return python, run(model)
 
 
@@ -200,33 +200,37 @@ def own_kernels():
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_few_row_product_is_the_bf16_product_and_each_row_stands_alone(own_kernels, bias):
     """x·Wᵀ (+ b) on bf16 inputs and weights, fp32 sums rounded to bf16 as oneDNN's product; a row's
-    result does not depend on the rows beside it (1 to 4 rows), and more rows go to oneDNN."""
+    result does not depend on the rows beside it (1 to 16 rows), and more rows go to oneDNN."""
     torch.manual_seed(0)
-    linear = torch.nn.Linear(96, 40, bias=bias)
+    linear = torch.nn.Linear(98, 48, bias=bias)
     product = packed.PackedLinear([linear], torch.bfloat16)
-    assert product.plain is not None
-    x = torch.randn(2, 2, 96)
+    assert product.vnni is not None and own_kernels.small_rows() == 16
+    x = torch.randn(4, 4, 98)
     got = product(x)
     w = linear.weight.detach().bfloat16().double()
     want = x.bfloat16().double() @ w.T + (linear.bias.detach().bfloat16().double() if bias else 0)
-    assert got.dtype == torch.float32 and got.shape == (2, 2, 40)
+    assert got.dtype == torch.float32 and got.shape == (4, 4, 48)
     torch.testing.assert_close(got.double(), want.bfloat16().double(), atol=1e-6, rtol=2**-7)
-    for m in range(4):
-        alone = product(x.reshape(4, 96)[m : m + 1])
-        assert torch.equal(alone[0], got.reshape(4, 40)[m])
-    five = torch.randn(5, 96)
+    rows = x.reshape(16, 98)
+    for m in range(16):
+        assert torch.equal(product(rows[m : m + 1])[0], got.reshape(16, 48)[m])
+    assert torch.equal(product(rows[3:8]), got.reshape(16, 48)[3:8])
+    seventeen = torch.randn(17, 98)
     with native.torch_kernels():
         assert native.own_kernels() is None
-        onednn = product(five)
-    assert torch.equal(product(five), onednn)  # 5 rows: oneDNN's product
+        onednn = product(seventeen)
+    assert torch.equal(product(seventeen), onednn)  # 17 rows: oneDNN's product
 
 
 def test_the_own_kernels_refuses_what_it_cannot_take(own_kernels):
-    plain = torch.randn(40, 96).bfloat16()
+    vnni = packed.vnni_layout(torch.randn(48, 96).bfloat16())
     with pytest.raises(RuntimeError, match="few-row kernel does not take"):
-        own_kernels.small_product(torch.randn(5, 96), plain, None)
-    assert packed.PackedLinear([torch.nn.Linear(90, 40)], torch.bfloat16).plain is None  # 90 % 32
-    assert packed.PackedLinear([torch.nn.Linear(96, 40)], torch.float32).plain is None  # fp32
+        own_kernels.small_product(torch.randn(17, 96), vnni, None)
+    with pytest.raises(RuntimeError, match="few-row kernel does not take"):
+        own_kernels.small_product(torch.randn(2, 94), vnni, None)
+    assert packed.PackedLinear([torch.nn.Linear(95, 48)], torch.bfloat16).vnni is None  # odd inputs
+    assert packed.PackedLinear([torch.nn.Linear(96, 40)], torch.bfloat16).vnni is None  # 40 % 16
+    assert packed.PackedLinear([torch.nn.Linear(96, 48)], torch.float32).vnni is None  # fp32
 
 
 @pytest.mark.parametrize("kernels", ["packed-bf16"])
@@ -274,23 +278,82 @@ def test_torch_kernels_are_the_path_before_the_own_kernels():
         _assert_identical(*_both(model, _sequence(model)))
 
 
+def _assert_rounding_close(aten: list[torch.Tensor], fused: list[torch.Tensor]) -> None:
+    """Float32 rounding carried through bf16 products: within 2 % of the largest logit, same argmax."""
+    for a, b in zip(aten, fused, strict=True):
+        torch.testing.assert_close(b, a, atol=0.02 * a.abs().max().item(), rtol=0)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
 @pytest.mark.parametrize("build", [tiny_llama, _gqa], ids=["llama", "llama-gqa-tied"])
-def test_a_fused_decode_step_computes_the_layers_to_rounding(own_kernels, build):
-    """One token of one sequence runs fused (plain loops between the products): the ATen path's
-    logits up to float32 rounding carried through bf16 products, the same argmax; a verify, a
-    batch row, biases, fp32 and int8 weights keep the ATen path."""
+def test_a_fused_forward_of_one_sequence_computes_the_layers_to_rounding(own_kernels, build):
+    """A few tokens of one sequence run fused (plain loops between the products; a prefill of 17
+    tokens, a decode step, verifies of 9 and 3 — the few-row kernel and oneDNN's product both):
+    the ATen path's logits up to float32 rounding, the same argmax. A batch row, biases, fp32 and
+    int8 weights keep the ATen path."""
     model = build(40) if build is tiny_llama else build()
     packed.attach(model, "packed-bf16")
     steps = own_kernels.fused_steps()
     fused = _sequence(model)(model)
-    assert own_kernels.fused_steps() == steps + 1  # the one decode piece of the sequence
-    with native.unfused_decode():
+    assert own_kernels.fused_steps() == steps + 4  # every piece of the sequence
+    with native.unfused():
         aten = _sequence(model)(model)
-    for a, b in zip(aten, fused, strict=True):
-        torch.testing.assert_close(b, a, atol=0.02 * a.abs().max().item(), rtol=0)
-        assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert own_kernels.fused_steps() == steps + 4
+    _assert_rounding_close(aten, fused)
     for other in (_qwen2_bias(), tiny_llama(40)):
         packed.attach(other, "packed-bf16" if other.config.model_type == "qwen2" else "packed-int8")
         steps = own_kernels.fused_steps()
         _sequence(other)(other)
         assert own_kernels.fused_steps() == steps
+
+
+def test_a_long_prompt_keeps_atens_operators_and_the_sequence_stays_right(own_kernels):
+    """Past 64 new tokens the forward takes ATen's operators (torch's attention); the steps after it
+    fuse again on the cache it wrote, across the buffers' growth at 256 positions."""
+    model = _gqa(context=400)
+    packed.attach(model, "packed-bf16")
+    pieces = ((0, 100), (100, 101), (101, 150), (150, 250), (250, 262), (262, 263))
+    steps = own_kernels.fused_steps()
+    fused = _sequence(model, 263, pieces)(model)
+    assert own_kernels.fused_steps() == steps + 4  # all but the two of more than 64 tokens
+    with native.unfused():
+        aten = _sequence(model, 263, pieces)(model)
+    _assert_rounding_close(aten, fused)
+
+
+@pytest.mark.parametrize("T", [2, 4, 5, 13])
+def test_a_fused_verify_equals_its_tokens_fed_one_by_one_to_rounding(own_kernels, T):
+    """Causality of the fused rows: T tokens in one forward give the logits of the same tokens fed
+    one decode step at a time (each row sees only the cache and the rows before it)."""
+    model = _gqa()
+    packed.attach(model, "packed-bf16")
+    together = _sequence(model, 20 + T, ((0, 20), (20, 20 + T)))(model)[1]
+    alone = _sequence(model, 20 + T, ((0, 20), *((i, i + 1) for i in range(20, 20 + T))))(model)[1:]
+    _assert_rounding_close([together], [torch.cat(alone, dim=1)])
+
+
+def test_the_eagle_heads_catch_up_step_fuses_under_its_causal_mask(own_kernels):
+    """The packed EAGLE head's multi-token step (causal mask, ``causal=True``) and one-token steps
+    fuse; an explicit mask without ``causal`` keeps ATen's operators."""
+    target = tiny_llama(40, seed=0, logit_scale=4.0)
+    packed.attach(target, "packed-bf16")
+    torch.manual_seed(2)
+    head = EagleHead(head_config(target)).eval()
+    step = EagleProposer(head, target).forward
+    features, tokens = torch.randn(1, 6, 32), torch.randint(0, 40, (1, 6))
+
+    def run(causal: bool) -> list[torch.Tensor]:
+        cache, out = new_cache(head), []
+        with torch.inference_mode():
+            for start, end in [(0, 3), (3, 4), (4, 6)]:
+                mask = None if end - start == 1 else causal_mask(end - start, start)
+                out.append(step(features[:, start:end], tokens[:, start:end], start, mask, cache, causal))
+        return out
+
+    steps = own_kernels.fused_steps()
+    fused = run(True)
+    assert own_kernels.fused_steps() == steps + 3
+    aten = run(False)
+    assert own_kernels.fused_steps() == steps + 4  # only the one-token step
+    for a, b in zip(aten, fused, strict=True):
+        torch.testing.assert_close(b, a, atol=0.02 * a.abs().max().item(), rtol=0)

@@ -45,6 +45,13 @@ def _rows_buffer(like: torch.Tensor, rows: int, heads: int, capacity: int, head_
     return like.new_empty(rows + rows // 2, heads, capacity, head_dim)
 
 
+def _only_empty(value: torch.Tensor | None) -> None:
+    if value is not None and value.numel():
+        raise RelaxSpecError(
+            "a PositionLayer's keys/values are views of its buffers: write through update or assign"
+        )
+
+
 class PositionLayer(DynamicLayer):
     """One attention layer's KV, ``[B, heads, capacity, head_dim]`` buffers written by position.
 
@@ -116,8 +123,26 @@ class PositionLayer(DynamicLayer):
 
     def set_length(self, length: int) -> None:
         self.length = length
-        if self._keys is not None:
-            self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+
+    # ``keys``/``values``: views of the live prefix, made when read (a forward of the C++ loop
+    # never reads them, and making 2 views per layer per step cost more than its rollback).
+    # transformers' initialisers assign None or an empty tensor; any other write must go through
+    # update / assign, which keep the buffers.
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        _only_empty(value)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        _only_empty(value)
 
     def get_seq_length(self) -> int:
         return self.length

@@ -12,11 +12,12 @@ used by both loops): the product of at most 4 input rows on bf16 weights (decode
 streams each weight once with prefetching where oneDNN's reads them more slowly, its rows not
 depending on how many are computed together; and a decode step's attention (one new token, no
 mask) without the per-call setup of torch's. :func:`torch_kernels` runs oneDNN's products and
-torch's attention instead (the path before them, for comparisons). With its own kernels, a decode
-step of one sequence (one token, no mask, bias-free layers on bf16 weights) runs fused: the
+torch's attention instead (the path before them, for comparisons). With its own kernels, a forward
+of one sequence over a few new tokens (a decode step, a verify, a short prefill: one token without
+a mask or up to 64 under the plain causal mask; bias-free layers on bf16 weights) runs fused: the
 operators between the products in plain loops instead of ATen calls — the same formulas, float32
-rounding apart; :func:`unfused_decode` keeps the ATen operators (whose numbers are the Python
-loop's bit for bit).
+rounding apart; :func:`unfused` keeps the ATen operators (whose numbers are the Python loop's bit
+for bit).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ _lock = threading.Lock()
 _built: dict[str, ModuleType | str | None] = {"module": None, "error": None}
 _PYTHON_ONLY: ContextVar[bool] = ContextVar("relaxspec_python_layers", default=False)
 _TORCH_ONLY: ContextVar[bool] = ContextVar("relaxspec_torch_kernels", default=False)
-_UNFUSED: ContextVar[bool] = ContextVar("relaxspec_unfused_decode", default=False)
+_UNFUSED: ContextVar[bool] = ContextVar("relaxspec_unfused", default=False)
 
 
 def _build() -> ModuleType:
@@ -91,8 +92,8 @@ def own_kernels() -> ModuleType | None:
     return _built["module"]  # type: ignore[return-value]
 
 
-def fused_decode() -> bool:
-    """Whether the C++ loop may run a decode step fused (not inside :func:`unfused_decode`)."""
+def fusion_allowed() -> bool:
+    """Whether the C++ loop may run a forward of one sequence fused (not inside :func:`unfused`)."""
     return not _UNFUSED.get()
 
 
@@ -120,6 +121,6 @@ def torch_kernels():
     return _setting(_TORCH_ONLY)
 
 
-def unfused_decode():
-    """Decode steps keep the C++ loop's ATen operators within this context (this thread)."""
+def unfused():
+    """Forwards keep the C++ loop's ATen operators within this context (this thread)."""
     return _setting(_UNFUSED)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from relaxspec.engine.native import fused_decode, layers_module, own_kernels, own_kernels_available
+from relaxspec.engine.native import fusion_allowed, layers_module, own_kernels, own_kernels_available
 from relaxspec.errors import RelaxSpecError
 
 # What a model's products run on: ``hf`` = transformers' own forward; ``packed`` = this module,
@@ -129,7 +129,8 @@ class PackedLinear:
     Several ``torch.nn.Linear`` of the same input are fused into one product (their rows
     concatenated: q/k/v, gate/up). Inputs are cast to the packed dtype; outputs come back in
     float32 ``[..., out]``. Where the few-row kernel runs (engine/native.py ``own_kernels``: products
-    of at most ``small_rows()`` input rows), bf16 weights are also kept row-major (``plain``).
+    of at most ``small_rows()`` input rows), bf16 weights are also kept in the layout it reads
+    (``vnni``, :func:`vnni_layout`).
     """
 
     def __init__(self, linears: Sequence[torch.nn.Linear], dtype: torch.dtype) -> None:
@@ -138,20 +139,29 @@ class PackedLinear:
         self.out_features, self.in_features = weight.shape
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype).contiguous())
         self.bias = None if bias is None else bias.to(dtype)
-        fits = dtype == torch.bfloat16 and self.in_features % 32 == 0 and self.out_features % 4 == 0
-        self.plain = weight.to(dtype).contiguous() if fits and own_kernels_available() else None
+        fits = dtype == torch.bfloat16 and self.in_features % 2 == 0 and self.out_features % 16 == 0
+        self.vnni = vnni_layout(weight.to(dtype)) if fits and own_kernels_available() else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = None if self.plain is None else own_kernels()
-        if kernel is not None and x.numel() <= kernel.small_rows() * self.in_features:
-            return kernel.small_product(x, self.plain, self.bias)
+        kernel = None if self.vnni is None else own_kernels()
+        if kernel is not None and 0 < x.numel() <= kernel.small_rows() * self.in_features:
+            return kernel.small_product(x, self.vnni, self.bias)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
         return y.float()
 
     def parts(self, own: bool) -> list[torch.Tensor | None]:
-        """``[weight, bias, scale, plain]`` as the C++ loop takes a product (csrc/layers.cpp
-        ``Linear``; no ``plain`` unless ``own``: the module's own kernels run)."""
-        return [self.weight, self.bias, None, self.plain if own else None]
+        """``[weight, bias, scale, vnni]`` as the C++ loop takes a product (csrc/layers.cpp
+        ``Linear``; no ``vnni`` unless ``own``: the module's own kernels run)."""
+        return [self.weight, self.bias, None, self.vnni if own else None]
+
+
+def vnni_layout(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 ``W[out, in]`` -> ``[out/16, in/2, 32]``: for each block of 16 outputs and each pair of
+    inputs, the 32 weights one ``vdpbf16ps`` multiplies (16 outputs of 2 inputs each), the
+    order the few-row kernel streams them in (csrc/layers.cpp)."""
+    out, inputs = weight.shape
+    blocks = weight.view(out // 16, 16, inputs // 2, 2).permute(0, 2, 1, 3)  # [out/16, in/2, 16, 2]
+    return blocks.contiguous().view(out // 16, inputs // 2, 32)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +199,7 @@ class Int8Linear:
         return y.view(*x.shape[:-1], self.out_features)
 
     def parts(self, own: bool) -> list[torch.Tensor | None]:
-        """``[weight, bias, scale, plain]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
+        """``[weight, bias, scale, vnni]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
         return [self.q, self.bias, self.scale, None]
 
 
@@ -254,6 +264,28 @@ class PackedLayers:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = float(config.rms_norm_eps)
+        self.rotary: torch.nn.Module | None = None  # the model's rotary embedding (set by subclasses)
+        self.positions = int(getattr(config, "max_position_embeddings", 0))
+        self.cos = self.sin = torch.empty(0, self.head_dim)
+
+    def _table(self, size: int) -> None:
+        """Grow the rotary tables (cos, sin ``float32[P, D]`` of positions 0 .. P − 1, the rotary
+        module's own numbers) to at least ``size`` positions, by doubling."""
+        if size > self.cos.shape[0]:
+            assert self.rotary is not None
+            size = max(size, 2 * self.cos.shape[0], self.positions)
+            cos, sin = self.rotary(torch.zeros(1, 1, 1), torch.arange(size)[None])
+            self.cos, self.sin = cos[0].float(), sin[0].float()
+
+    def rotary_rows(self, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``float32[1, 1, T, D]`` of positions ``start .. start + T − 1`` (views of the table)."""
+        self._table(start + T)
+        return self.cos[None, None, start : start + T], self.sin[None, None, start : start + T]
+
+    def rotary_at(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``float32[B, 1, T, D]`` of the positions ``position_ids[B, T]``."""
+        self._table(int(position_ids.max()) + 1)
+        return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
     def run_layers(
         self,
@@ -263,12 +295,15 @@ class PackedLayers:
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask,
+        causal: bool = False,
     ) -> torch.Tensor:
         """``layers`` in turn on ``x float32[B, T, hidden]``, each appending to its cache layer.
 
         The C++ loop (engine/native.py: the same ops, without Python's cost per op) where it is
         built and every cache layer hands out its buffers (``reserve``: the position-indexed
-        cache); else :meth:`layer` one by one.
+        cache); else :meth:`layer` one by one. ``causal``: ``mask`` is the plain causal one (the
+        new tokens see the cache and themselves in order), which lets the C++ loop fuse a forward
+        of one sequence (engine/native.py).
         """
         native = layers_module()
         if native is None or not all(hasattr(c, "reserve") for c in cache_layers):
@@ -281,8 +316,8 @@ class PackedLayers:
         own = own_kernels() is not None
         parts = self._parts(layers, own)
         x = native.run_layers(
-            x, parts, [k for k, _ in buffers], [v for _, v in buffers], past, cos, sin, mask,
-            self.heads, self.kv_heads, self.head_dim, self.eps, own, own and fused_decode(),
+            x, parts, [k for k, _ in buffers], [v for _, v in buffers], past, cos, sin, mask, causal,
+            self.heads, self.kv_heads, self.head_dim, self.eps, own, own and fusion_allowed(),
         )  # fmt: skip
         for cache_layer, start in zip(cache_layers, past, strict=True):
             cache_layer.set_length(start + T)
@@ -385,16 +420,14 @@ class PackedForward(PackedLayers):
         """
         B, T = input_ids.shape
         past = cache.get_seq_length()
-        if position_ids is None:
-            position_ids = torch.arange(past, past + T).expand(B, T)
         x = self.embed(input_ids).float()  # [B, T, hidden]
-        cos, sin = self.rotary(x, position_ids)  # [B, T, head_dim] each
-        cos, sin = cos[:, None].float(), sin[:, None].float()
+        cos, sin = self.rotary_rows(past, T) if position_ids is None else self.rotary_at(position_ids)
+        causal = attention_mask is None  # the mask below is then the plain causal one
         if attention_mask is not None and attention_mask.dim() == 4:
             mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask.float()
         else:
             mask = self._mask(B, T, past, attention_mask)
-        x = self.run_layers(self.layers, x, cache.layers, cos, sin, mask)
+        x = self.run_layers(self.layers, x, cache.layers, cos, sin, mask, causal)
         keep = T if keep is None else keep
         return rms_norm(x[:, T - keep :], self.norm, self.eps)
 

@@ -204,26 +204,21 @@ class PackedEagleHead(PackedLayers):
         self.fc = packed_linear([feature_half], weights)
         self.blocks = [PackedLayer.of(head.layers[0], weights)]
         self.rotary = head.rotary
-        self.positions = int(getattr(head.config, "max_position_embeddings", 0))
-        self.cos = self.sin = torch.empty(0, self.head_dim)
-
-    def _rotary(self, start: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``float32[1, 1, T, D]`` of positions ``start .. start + T − 1`` (a table grown
-        by doubling)."""
-        if start + T > self.cos.shape[0]:
-            size = max(start + T, 2 * self.cos.shape[0], self.positions)
-            cos, sin = self.rotary(self.token_rows[:1, None], torch.arange(size)[None])
-            self.cos, self.sin = cos[0].float(), sin[0].float()
-        return self.cos[None, None, start : start + T], self.sin[None, None, start : start + T]
 
     @torch.inference_mode()
     def __call__(
-        self, features: torch.Tensor, tokens: torch.Tensor, start: int, mask: torch.Tensor | None, cache: Any
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        cache: Any,
+        causal: bool = False,
     ) -> torch.Tensor:
         """As :meth:`HeadStep.__call__`."""
         x = F.embedding(tokens, self.token_rows) + self.fc(features.float())  # fc([e ; f]) [B, T, H]
-        cos, sin = self._rotary(start, tokens.shape[1])
-        return self.run_layers(self.blocks, x, cache.layers, cos, sin, mask)
+        cos, sin = self.rotary_rows(start, tokens.shape[1])
+        return self.run_layers(self.blocks, x, cache.layers, cos, sin, mask, causal)
 
 
 class HeadStep:
@@ -234,10 +229,17 @@ class HeadStep:
 
     @torch.inference_mode()
     def __call__(
-        self, features: torch.Tensor, tokens: torch.Tensor, start: int, mask: torch.Tensor | None, cache: Any
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        start: int,
+        mask: torch.Tensor | None,
+        cache: Any,
+        causal: bool = False,
     ) -> torch.Tensor:
         """Pairs ``(features[B, T, H], tokens[B, T])`` at positions ``start ..`` -> ``f̂ [B, T, H]``;
-        ``mask`` as :meth:`EagleHead.forward`."""
+        ``mask`` as :meth:`EagleHead.forward` (``causal``, that it is the plain causal one, lets
+        the packed step fuse; transformers' layer reads the mask alone)."""
         positions = torch.arange(start, start + tokens.shape[1])[None]
         return self.head(features, self.embedding(tokens), positions, mask, cache)
 
@@ -416,7 +418,7 @@ class EagleProposer:
         """Feed pairs ``(features[1, T, H], tokens[1, T])`` at positions ``start ..``; ``[1, T, H]``."""
         T = tokens.shape[1]
         mask = None if T == 1 else causal_mask(T, self.cache.get_seq_length())  # one new token sees all
-        out = self.forward(features, tokens, start, mask, self.cache)
+        out = self.forward(features, tokens, start, mask, self.cache, causal=True)
         self.calls += 1
         return out
 
