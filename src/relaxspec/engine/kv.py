@@ -367,8 +367,7 @@ def _logits_and_hidden(
     keep = T if logits_to_keep == 0 else min(logits_to_keep, T)
     packed = packed_forward(model)
     if packed is not None:
-        states = packed.hidden(input_ids, cache, keep=T, **inputs)
-        logits = packed.logits(states[:, T - keep :])
+        logits, states = packed.logits_and_hidden(input_ids, cache, keep, **inputs)
     else:
         decoder = model.get_decoder()
         states = decoder(input_ids=input_ids, use_cache=True, **cache_argument(decoder, cache), **inputs)

@@ -22,6 +22,7 @@ for bit).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sysconfig
@@ -33,7 +34,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
 
-SOURCE = Path(__file__).with_name("csrc") / "layers.cpp"
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "layers.cpp"  # includes kernels.h
 NAME = "relaxspec_layers"
 
 _lock = threading.Lock()
@@ -48,7 +50,10 @@ def _build() -> ModuleType:
 
     if shutil.which("ninja") is None:  # a venv's tools when its bin/ is not on PATH (not activated)
         os.environ["PATH"] = sysconfig.get_path("scripts") + os.pathsep + os.environ.get("PATH", "")
-    return load(name=NAME, sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False)
+    # torch rebuilds when a source or a flag changes, not a header: the flags carry their digest
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(CSRC.iterdir()) if f.is_file()))
+    flags = ["-O2", f"-DRELAXSPEC_SOURCES={digest.hexdigest()[:16]}"]
+    return load(name=NAME, sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
 
 
 def _module() -> ModuleType | None:

@@ -311,16 +311,14 @@ class PackedLayers:
                 x = self.layer(layer, x, cache_layer, cos, sin, mask)
             return x
         B, T = x.shape[:2]
-        past = [c.get_seq_length() for c in cache_layers]
-        buffers = [c.reserve(B, self.kv_heads, T, self.head_dim, x) for c in cache_layers]
+        past, keys, values = _reserve(cache_layers, B, T, self.kv_heads, self.head_dim, x)
         own = own_kernels() is not None
         parts = self._parts(layers, own)
         x = native.run_layers(
-            x, parts, [k for k, _ in buffers], [v for _, v in buffers], past, cos, sin, mask, causal,
+            x, parts, keys, values, past, cos, sin, mask, causal,
             self.heads, self.kv_heads, self.head_dim, self.eps, own, own and fusion_allowed(),
         )  # fmt: skip
-        for cache_layer, start in zip(cache_layers, past, strict=True):
-            cache_layer.set_length(start + T)
+        _advance(cache_layers, past, T)
         return x
 
     def _parts(self, layers: Sequence[PackedLayer], own: bool) -> list[torch.Tensor | None]:
@@ -399,7 +397,49 @@ class PackedForward(PackedLayers):
         """
         T = input_ids.shape[1]
         keep = T if logits_to_keep == 0 else min(logits_to_keep, T)
+        if attention_mask is None and position_ids is None:
+            fused = self.fused(input_ids, cache, keep)
+            if fused is not None:
+                return fused[0]
         return self.lm_head(self.hidden(input_ids, cache, attention_mask, position_ids, keep))
+
+    @torch.inference_mode()
+    def fused(self, input_ids: torch.Tensor, cache, keep: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The whole forward of one sequence in one C++ call, where it fits (engine/native.py:
+        own kernels, fusion allowed, a position cache; the C++ side checks the model and the
+        length): ``(logits float32[1, keep, V], normed hidden float32[1, T, hidden])``, else None.
+        ``input_ids[1, T]`` are fed after the cache's entries under the plain causal mask."""
+        native = own_kernels() if layers_module() is not None else None  # not in python_layers()
+        layers = cache.layers
+        if native is None or not fusion_allowed() or input_ids.shape[0] != 1:
+            return None
+        if not all(hasattr(c, "reserve") for c in layers):
+            return None
+        T = input_ids.shape[1]
+        past, keys, values = _reserve(layers, 1, T, self.kv_heads, self.head_dim, self.cos)
+        cos, sin = self.rotary_rows(past[0], T)
+        out = native.fused_forward(
+            input_ids, self.embed.weight, self.norm, self.lm_head.parts(True), keep,
+            self._parts(self.layers, True), keys, values, past, cos, sin,
+            self.heads, self.kv_heads, self.head_dim, self.eps,
+        )  # fmt: skip
+        if out is not None:
+            _advance(layers, past, T)
+        return out
+
+    def logits_and_hidden(
+        self, input_ids: torch.Tensor, cache, keep: int, **inputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the last ``keep`` positions and the normed hidden states of all T
+        (``[B, keep, V]``, ``[B, T, hidden]``): one fused call where it fits, else :meth:`hidden`
+        then :meth:`logits`."""
+        if not inputs:
+            fused = self.fused(input_ids, cache, keep)
+            if fused is not None:
+                return fused
+        T = input_ids.shape[1]
+        states = self.hidden(input_ids, cache, keep=T, **inputs)
+        return self.logits(states[:, T - keep :]), states
 
     @torch.inference_mode()
     def hidden(
@@ -453,6 +493,21 @@ class PackedForward(PackedLayers):
         allowed = allowed[None] & attention_mask[:, None, :total].bool()
         allowed |= columns[None, None, :] == own[None, :, None]
         return allowed[:, None]
+
+
+def _reserve(
+    cache_layers, B: int, T: int, kv_heads: int, head_dim: int, like: torch.Tensor
+) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
+    """Each position-cache layer's length and its key and value buffers, with room for T more
+    positions of B rows (what the C++ loop writes into; :func:`_advance` then moves the lengths)."""
+    past = [c.get_seq_length() for c in cache_layers]
+    buffers = [c.reserve(B, kv_heads, T, head_dim, like) for c in cache_layers]
+    return past, [k for k, _ in buffers], [v for _, v in buffers]
+
+
+def _advance(cache_layers, past: list[int], T: int) -> None:
+    for cache_layer, start in zip(cache_layers, past, strict=True):
+        cache_layer.set_length(start + T)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
