@@ -12,6 +12,7 @@ from relaxspec.core.sampling import SamplingParams
 from relaxspec.engine import Engine
 from relaxspec.engine.proposers import DraftModel
 from relaxspec.methods import build_engine
+from relaxspec.testing import tiny_tokenizer
 
 PROMPTS = ["w1", "w2 w3 w4", "w0 w0 w7 w5 w1", "w6 w2 w2 w3 w1 w0 w4 w5 w7"]
 
@@ -193,3 +194,35 @@ def test_incremental_stop_scan_matches_a_full_rescan(tokenizer, ids, cuts, stops
         assert kept == ids[:n] and tracker.text == full[:at]
     else:
         assert kept == ids[:i] and tracker.text == full
+
+
+@pytest.fixture(scope="module")
+def bundled_tokenizer():
+    from transformers import AutoTokenizer
+
+    from relaxspec.models import bundled
+
+    return AutoTokenizer.from_pretrained(bundled("tokenizer"), local_files_only=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 4095), min_size=1, max_size=80),
+    cuts=st.lists(st.integers(1, 5), min_size=1, max_size=40),
+)
+def test_byte_level_text_built_incrementally_is_the_decode_of_all_tokens(bundled_tokenizer, ids, cuts):
+    """With the bundled byte-level tokenizer the tracker decodes only the tokens after the last
+    complete character; its text is the full decode after every chunk, whatever the chunks cut
+    (characters of several bytes split across tokens and chunks, special tokens included)."""
+    from relaxspec.engine.loop import _TextTracker
+
+    tracker = _TextTracker(bundled_tokenizer, [])
+    assert tracker.additive
+    i = 0
+    for size in cuts * 80:
+        if i >= len(ids):
+            break
+        tracker.add(ids[i : i + size])
+        i += size
+        assert tracker.text == bundled_tokenizer.decode(ids[:i], skip_special_tokens=True)
+    assert not _TextTracker(tiny_tokenizer(8), []).additive  # a word-level decoder joins with spaces

@@ -330,18 +330,20 @@ def model_logits(
     head drafts from): the same forward, split into decoder and LM head.
     """
     follow_cpus()  # the thread count follows the CPUs other processes leave us (engine/threads.py)
-    device = model_device(model)
-    inputs = {name: x.to(device) for name, x in inputs.items()}
+    packed = packed_forward(model)
+    if packed is None or inputs:  # a packed model is on the CPU, where the ids are
+        device = model_device(model)
+        input_ids = input_ids.to(device)
+        inputs = {name: x.to(device) for name, x in inputs.items()}
     observer = _FORWARD_OBSERVERS.get(id(model))
     started = time.perf_counter()
-    packed = packed_forward(model)
     if hidden is not None:
-        logits = _logits_and_hidden(model, input_ids.to(device), cache, logits_to_keep, hidden, inputs)
+        logits = _logits_and_hidden(model, input_ids, cache, logits_to_keep, hidden, inputs)
     elif packed is not None:
         logits = packed(input_ids, cache, logits_to_keep, **inputs)
     else:
         out = model(
-            input_ids=input_ids.to(device),
+            input_ids=input_ids,
             use_cache=True,
             logits_to_keep=logits_to_keep,
             **cache_argument(model, cache),
@@ -387,6 +389,8 @@ class CachedLM:
         self.cache = new_cache(model)
         self.length = 0
         self.hidden: torch.Tensor | None = None  # [1, capacity, H] when recording (record_hidden)
+        self._device = model_device(model)  # read per step; a model does not move while decoding
+        self._context = int(getattr(model.config, "max_position_embeddings", 2048))
 
     def record_hidden(self) -> None:
         """From now on keep the last layer's hidden state of every cached position
@@ -404,11 +408,11 @@ class CachedLM:
 
     @property
     def device(self) -> torch.device:
-        return model_device(self.model)
+        return self._device
 
     @property
     def context_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+        return self._context
 
     def reset(self) -> None:
         """Forget the sequence (a new generation starts)."""

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from tokenizers.decoders import ByteLevel
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from relaxspec.core.acceptance import Gate, Greedy, Rule, Verdict, verify_unchecked
@@ -73,7 +74,9 @@ class _TextTracker:
     """Incremental detokenisation with stop strings and safe streaming.
 
     Holds back text that may still change: an incomplete UTF-8 character (decoded as U+FFFD) and
-    a tail that could be the start of a stop string.
+    a tail that could be the start of a stop string. ``text`` is always the decode of all tokens;
+    with a byte-level tokenizer (:func:`_decodes_additively`) only the tokens after the last
+    complete character are decoded again, not the whole sequence at every step.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str]) -> None:
@@ -83,9 +86,23 @@ class _TextTracker:
         self.tokens: list[int] = []
         self.emitted = 0  # characters already streamed
         self.text = ""
+        self.additive = _decodes_additively(tokenizer)
+        self.settled = 0  # tokens whose text (``text[:settled_chars]``) no later token can change
+        self.settled_chars = 0
 
     def _decode(self, tokens: list[int]) -> str:
+        """The text of ``tokens``, which extend the settled ones (a prefix of :attr:`tokens`)."""
+        if self.additive:
+            return self.text[: self.settled_chars] + self._full(tokens[self.settled :])
+        return self._full(tokens)
+
+    def _full(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _settle(self) -> None:
+        """Past a complete character, the text so far is final: bytes decode character by character."""
+        if self.additive and not self.text.endswith("\ufffd"):
+            self.settled, self.settled_chars = len(self.tokens), len(self.text)
 
     def _scan_from(self, text: str) -> int:
         """Where a stop string may start in ``text`` (the previous text plus new tokens): scanning
@@ -115,9 +132,11 @@ class _TextTracker:
                     break
             self.tokens += chunk
             self.text = text[: self._stop_at(text, start)]
+            self.additive = False  # the text is cut: no later decode builds on it
             return chunk, True
         self.tokens += chunk
         self.text = text
+        self._settle()
         return chunk, False
 
     def delta(self, final: bool) -> str:
@@ -133,6 +152,14 @@ class _TextTracker:
         out = self.text[self.emitted : safe] if safe > self.emitted else ""
         self.emitted = max(self.emitted, safe)
         return out
+
+
+def _decodes_additively(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether ``decode(a + b) == decode(a) + decode(b)`` whenever ``a``'s bytes end a character:
+    a byte-level decoder (GPT-2's: tokens to bytes, bytes to UTF-8) with no clean-up of spaces."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    return isinstance(decoder, ByteLevel) and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
 
 
 @dataclass
