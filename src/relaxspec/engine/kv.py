@@ -465,10 +465,10 @@ class CachedLM:
         """
         if self.length >= ids.shape[1]:
             self.rollback(ids.shape[1] - 1)
-        pieces = [ids[:, self.length :]]
+        tokens = ids[:, self.length :]
         if extra is not None and extra.shape[1] > 0:
-            pieces.append(extra)
-        return self.forward(torch.cat(pieces, dim=1), logits_to_keep=logits_to_keep)
+            tokens = torch.cat([tokens, extra], dim=1)
+        return self.forward(tokens, logits_to_keep=logits_to_keep)
 
     @property
     def cache_kind(self) -> str:
