@@ -225,9 +225,9 @@ def test_the_few_row_product_is_the_bf16_product_and_each_row_stands_alone(own_k
 def test_the_own_kernels_refuses_what_it_cannot_take(own_kernels):
     vnni = packed.vnni_layout(torch.randn(48, 96).bfloat16())
     with pytest.raises(RuntimeError, match="few-row kernel does not take"):
-        own_kernels.small_product(torch.randn(17, 96), vnni, None)
+        own_kernels.small_product(torch.randn(17, 96), vnni, None, None)
     with pytest.raises(RuntimeError, match="few-row kernel does not take"):
-        own_kernels.small_product(torch.randn(2, 94), vnni, None)
+        own_kernels.small_product(torch.randn(2, 94), vnni, None, None)
     assert packed.PackedLinear([torch.nn.Linear(95, 48)], torch.bfloat16).vnni is None  # odd inputs
     assert packed.PackedLinear([torch.nn.Linear(96, 40)], torch.bfloat16).vnni is None  # 40 % 16
     assert packed.PackedLinear([torch.nn.Linear(96, 48)], torch.float32).vnni is None  # fp32
@@ -285,14 +285,15 @@ def _assert_rounding_close(aten: list[torch.Tensor], fused: list[torch.Tensor]) 
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
+@pytest.mark.parametrize("kernels", ["packed-bf16", "packed-int8"])
 @pytest.mark.parametrize("build", [tiny_llama, _gqa], ids=["llama", "llama-gqa-tied"])
-def test_a_fused_forward_of_one_sequence_computes_the_layers_to_rounding(own_kernels, build):
+def test_a_fused_forward_of_one_sequence_computes_the_layers_to_rounding(own_kernels, build, kernels):
     """A few tokens of one sequence run fused (plain loops between the products; a prefill of 17
-    tokens, a decode step, verifies of 9 and 3 — the few-row kernel and oneDNN's product both):
-    the ATen path's logits up to float32 rounding, the same argmax. A batch row, biases, fp32 and
-    int8 weights keep the ATen path."""
+    tokens, a decode step, verifies of 9 and 3 — the few-row kernel and oneDNN's or int8's product
+    both), on bf16 and int8 weights: the ATen path's logits up to float32 rounding, the same argmax.
+    Biases and fp32 weights keep the ATen path."""
     model = build(40) if build is tiny_llama else build()
-    packed.attach(model, "packed-bf16")
+    packed.attach(model, kernels)
     steps = own_kernels.fused_steps()
     fused = _sequence(model)(model)
     assert own_kernels.fused_steps() == steps + 4  # every piece of the sequence
@@ -300,11 +301,34 @@ def test_a_fused_forward_of_one_sequence_computes_the_layers_to_rounding(own_ker
         aten = _sequence(model)(model)
     assert own_kernels.fused_steps() == steps + 4
     _assert_rounding_close(aten, fused)
-    for other in (_qwen2_bias(), tiny_llama(40)):
-        packed.attach(other, "packed-bf16" if other.config.model_type == "qwen2" else "packed-int8")
+    for other, weights in ((_qwen2_bias(), "packed-bf16"), (tiny_llama(40), "packed")):
+        packed.attach(other, weights)
         steps = own_kernels.fused_steps()
         _sequence(other)(other)
         assert own_kernels.fused_steps() == steps
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_few_row_int8_product_is_int8packs_product(own_kernels, bias):
+    """Weight-only int8 on the few-row kernel: the weights converted to bf16 exactly, the per-output
+    scale applied to the fp32 sums, rounded to bf16 (then the bias): what ``_weight_int8pack_mm``
+    computes, to the last bf16 bit but for rounding ties; rows independent; 17 rows go to it
+    (inputs a multiple of 32: torch's int8 kernel crashed on 98 inputs here)."""
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(96, 48, bias=bias)
+    product = packed.Int8Linear([linear])
+    assert product.vnni is not None and product.vnni.dtype == torch.int8
+    x = torch.randn(16, 96)
+    got = product(x)
+    with native.torch_kernels():
+        want = product(x)  # _weight_int8pack_mm
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=2**-7)
+    for m in range(16):
+        assert torch.equal(product(x[m : m + 1])[0], got[m])
+    seventeen = torch.randn(17, 96)
+    with native.torch_kernels():
+        assert torch.equal(product(seventeen), product(seventeen))
+    assert packed.Int8Linear([torch.nn.Linear(96, 40)]).vnni is None  # 40 % 16
 
 
 def test_a_long_prompt_keeps_atens_operators_and_the_sequence_stays_right(own_kernels):

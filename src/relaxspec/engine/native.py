@@ -83,14 +83,14 @@ def layers_module() -> ModuleType | None:
 
 def own_kernels_available() -> bool:
     """Whether the module's own kernels can run here (built, and the CPU has AVX-512 BF16),
-    whatever :func:`torch_kernels` says: what packing decides to keep row-major weights on."""
+    whatever :func:`torch_kernels` says: what packing decides to keep a VNNI copy of weights on."""
     module = _module()
     return module is not None and bool(module.small_product_cpu())
 
 
 def own_kernels() -> ModuleType | None:
-    """The module whose ``small_product(x, plain, bias)`` runs products of at most
-    ``small_rows()`` input rows on row-major bf16 weights and whose ``attend`` runs a decode step's
+    """The module whose ``small_product(x, vnni, bias, scale)`` runs products of at most
+    ``small_rows()`` input rows on bf16 or int8 weights in VNNI layout and whose ``attend`` runs a decode step's
     attention; None where they are not available or inside :func:`torch_kernels`."""
     if _TORCH_ONLY.get() or not own_kernels_available():
         return None

@@ -145,7 +145,7 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         kernel = None if self.vnni is None else own_kernels()
         if kernel is not None and 0 < x.numel() <= kernel.small_rows() * self.in_features:
-            return kernel.small_product(x, self.vnni, self.bias)
+            return kernel.small_product(x, self.vnni, self.bias, None)
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
         return y.float()
 
@@ -156,7 +156,7 @@ class PackedLinear:
 
 
 def vnni_layout(weight: torch.Tensor) -> torch.Tensor:
-    """bf16 ``W[out, in]`` -> ``[out/16, in/2, 32]``: for each block of 16 outputs and each pair of
+    """bf16 or int8 ``W[out, in]`` -> ``[out/16, in/2, 32]``: for each block of 16 outputs and each pair of
     inputs, the 32 weights one ``vdpbf16ps`` multiplies (16 outputs of 2 inputs each), the
     order the few-row kernel streams them in (csrc/layers.cpp)."""
     out, inputs = weight.shape
@@ -180,8 +180,9 @@ class Int8Linear:
 
     ``torch.ops.aten._weight_int8pack_mm(x bf16[M, in], q int8[out, in], s bf16[out])`` converts each
     weight to bf16 on the fly and scales the product's columns: half the bytes of bf16 weights
-    read per product. ``x[..., in]`` -> float32 ``[..., out]``; several linears fuse as in
-    :class:`PackedLinear`.
+    read per product. Where the few-row kernel runs, ``q`` is also kept in its layout (``vnni``)
+    and products of at most ``small_rows()`` rows take it. ``x[..., in]`` -> float32
+    ``[..., out]``; several linears fuse as in :class:`PackedLinear`.
     """
 
     def __init__(self, linears: Sequence[torch.nn.Linear]) -> None:
@@ -189,9 +190,14 @@ class Int8Linear:
         self.q, scale = quantize_int8(weight)
         self.scale = scale.to(torch.bfloat16)
         self.bias = bias
-        self.out_features = weight.shape[0]
+        self.out_features, self.in_features = weight.shape
+        fits = self.in_features % 2 == 0 and self.out_features % 16 == 0
+        self.vnni = vnni_layout(self.q) if fits and own_kernels_available() else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        kernel = None if self.vnni is None else own_kernels()
+        if kernel is not None and 0 < x.numel() <= kernel.small_rows() * self.in_features:
+            return kernel.small_product(x, self.vnni, self.bias, self.scale)
         flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         y = torch.ops.aten._weight_int8pack_mm(flat, self.q, self.scale).float()
         if self.bias is not None:
@@ -200,7 +206,7 @@ class Int8Linear:
 
     def parts(self, own: bool) -> list[torch.Tensor | None]:
         """``[weight, bias, scale, vnni]`` as the C++ loop takes a product (csrc/layers.cpp ``Linear``)."""
-        return [self.q, self.bias, self.scale, None]
+        return [self.q, self.bias, self.scale, self.vnni if own else None]
 
 
 def packed_linear(linears: Sequence[torch.nn.Linear], weights: str) -> PackedLinear | Int8Linear:

@@ -24,7 +24,8 @@ namespace rs_kernels {
 // once per step, so it should not evict what the rest of the step uses), and multiplies each
 // vector with all M ≤ kSmallRows input rows while it sits in a register: M accumulators of 16
 // outputs, fp32 sums of bf16 products over the input pairs in order — the same sum whatever M is —
-// then bf16 rounding of the output as oneDNN's bf16 product does.
+// then bf16 rounding of the output as oneDNN's bf16 product does. Weight-only int8 weights (one
+// scale per output) stream in the same layout at half the bytes, each converted to bf16 in a register.
 constexpr int64_t kSmallRows = 16;  // at most this many input rows take the kernel (more: oneDNN)
 constexpr int64_t kAhead = 64;      // weight vectors prefetched ahead
 
@@ -36,18 +37,30 @@ inline bool small_gemm_cpu() {
 #define RS_ATTN_TARGET __attribute__((target("avx512f")))
 #define RS_BF16_TARGET __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl")))
 
-// y [M, out] = x [M, in] · Wᵀ for output block `block` (16 outputs); W in VNNI layout.
-template <int M>
-RS_BF16_TARGET inline void vnni_block(const uint16_t* x, int64_t in, const uint16_t* w, int64_t block, float* y,
-                               int64_t out) {
+// The 32 weights of one VNNI vector as bf16: bf16 weights as they are; int8 weights converted
+// exactly (int8 → int32 → float → bf16: every int8 is a bf16), their scale applied to the sums.
+RS_BF16_TARGET inline __m512bh weight_vector(const uint16_t* w) { return (__m512bh)_mm512_loadu_si512(w); }
+
+RS_BF16_TARGET inline __m512bh weight_vector(const int8_t* w) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+  return _mm512_cvtne2ps_pbh(hi, lo);  // [lo ; hi]: the vector's order
+}
+
+// y [M, out] = x [M, in] · Wᵀ (· scale) for output block `block` (16 outputs); W in VNNI layout,
+// bf16 or int8 with a bf16 scale per output (nullptr: none).
+template <int M, typename W>
+RS_BF16_TARGET inline void vnni_block(const uint16_t* x, int64_t in, const W* w, const uint16_t* scale, int64_t block,
+                                      float* y, int64_t out) {
   const int64_t pairs = in / 2;
   __m512 acc[M];
 #pragma GCC unroll 16
   for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-  const uint16_t* wb = w + block * pairs * 32;
+  const W* wb = w + block * pairs * 32;
   for (int64_t p = 0; p < pairs; ++p) {
     _mm_prefetch(reinterpret_cast<const char*>(wb + (p + kAhead) * 32), _MM_HINT_NTA);  // never faults; read once
-    const __m512bh wv = (__m512bh)_mm512_loadu_si512(wb + p * 32);
+    const __m512bh wv = weight_vector(wb + p * 32);
 #pragma GCC unroll 16
     for (int m = 0; m < M; ++m) {
       int32_t pair;
@@ -55,21 +68,30 @@ RS_BF16_TARGET inline void vnni_block(const uint16_t* x, int64_t in, const uint1
       acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(pair), wv);
     }
   }
+  if (scale != nullptr) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + block * 16));
+    const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+#pragma GCC unroll 16
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_mul_ps(acc[m], s);
+  }
 #pragma GCC unroll 16
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(y + m * out + block * 16, acc[m]);
 }
 
-template <int M>
-inline void vnni_rows(const uint16_t* x, int64_t in, const uint16_t* w, int64_t out, float* y) {
-  for (int64_t block = 0; block < out / 16; ++block) vnni_block<M>(x, in, w, block, y, out);
+template <int M, typename W>
+inline void vnni_rows(const uint16_t* x, int64_t in, const W* w, const uint16_t* scale, int64_t out, float* y) {
+  for (int64_t block = 0; block < out / 16; ++block) vnni_block<M, W>(x, in, w, scale, block, y, out);
 }
 
-// y [M, out] (fp32, not rounded) = x [M, in] (bf16) · Wᵀ, W bf16 in VNNI layout, 1 ≤ M ≤ kSmallRows.
-inline void small_gemm_kernel(const uint16_t* x, int64_t M, const uint16_t* w, int64_t in, int64_t out, float* y) {
+// y [M, out] (fp32, not rounded) = x [M, in] (bf16) · Wᵀ (· scale), W bf16 or int8 in VNNI layout,
+// 1 ≤ M ≤ kSmallRows.
+template <typename W>
+inline void small_gemm_kernel(const uint16_t* x, int64_t M, const W* w, const uint16_t* scale, int64_t in,
+                              int64_t out, float* y) {
   switch (M) {
 #define RS_ROWS(m) \
   case m:          \
-    return vnni_rows<m>(x, in, w, out, y);
+    return vnni_rows<m, W>(x, in, w, scale, out, y);
     RS_ROWS(1) RS_ROWS(2) RS_ROWS(3) RS_ROWS(4) RS_ROWS(5) RS_ROWS(6) RS_ROWS(7) RS_ROWS(8)
     RS_ROWS(9) RS_ROWS(10) RS_ROWS(11) RS_ROWS(12) RS_ROWS(13) RS_ROWS(14) RS_ROWS(15) RS_ROWS(16)
 #undef RS_ROWS

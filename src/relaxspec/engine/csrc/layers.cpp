@@ -44,23 +44,39 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt, gqa);
 }
 
-// Whether x [..., in] times bf16 weights in VNNI layout [out/16, in/2, 32] can take the kernel.
+// Whether x [..., in] times weights in VNNI layout [out/16, in/2, 32] can take the kernel.
 bool small_gemm_fits(const at::Tensor& x, const at::Tensor& vnni) {
   const int64_t in = 2 * vnni.size(1);
   return small_gemm_cpu() && x.size(-1) == in && x.numel() / in <= kSmallRows && x.numel() > 0;
 }
 
-// x float32 [..., in] · W bf16ᵀ (+ bias), W in VNNI layout -> float32 [..., out], rounded to bf16.
-at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& vnni, const MaybeTensor& bias) {
+// The few-row kernel on a VNNI copy: bf16, or int8 with its bf16 scales. y [M, out] fp32, not rounded.
+void vnni_product(const uint16_t* xb, int64_t M, const at::Tensor& vnni, const MaybeTensor& scale, int64_t in,
+                  int64_t out, float* y) {
+  if (vnni.scalar_type() == at::kChar) {
+    TORCH_CHECK(scale.has_value() && scale->scalar_type() == at::kBFloat16, "int8 weights need bf16 scales");
+    const auto* s = reinterpret_cast<const uint16_t*>(scale->data_ptr());
+    small_gemm_kernel(xb, M, vnni.data_ptr<int8_t>(), s, in, out, y);
+  } else {
+    TORCH_CHECK(vnni.scalar_type() == at::kBFloat16, "the few-row kernel takes bf16 or int8 weights");
+    small_gemm_kernel(xb, M, reinterpret_cast<const uint16_t*>(vnni.data_ptr()), nullptr, in, out, y);
+  }
+}
+
+// x float32 [..., in] · Wᵀ (+ bias), W bf16 or int8 (· scale) in VNNI layout -> float32 [..., out],
+// rounded to bf16 as PackedLinear's oneDNN product (bias inside) or Int8Linear's (bias after) is.
+at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& vnni, const MaybeTensor& bias, const MaybeTensor& scale) {
   const int64_t in = 2 * vnni.size(1), out = 16 * vnni.size(0), M = x.numel() / in;
   auto xb = x.reshape({M, in}).to(at::kBFloat16).contiguous();
   auto y = at::empty({M, out}, x.options().dtype(at::kFloat));
-  small_gemm_kernel(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M,
-                    reinterpret_cast<const uint16_t*>(vnni.data_ptr()), in, out, y.data_ptr<float>());
-  if (bias.has_value()) y.add_(bias->to(at::kFloat));
+  vnni_product(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, vnni, scale, in, out, y.data_ptr<float>());
+  const bool int8 = vnni.scalar_type() == at::kChar;
+  if (bias.has_value() && !int8) y.add_(bias->to(at::kFloat));
+  round_to_bf16(y.data_ptr<float>(), M * out);
+  if (bias.has_value() && int8) y.add_(bias->to(at::kFloat));
   auto shape = x.sizes().vec();
   shape.back() = out;
-  return y.to(at::kBFloat16).to(at::kFloat).view(shape);
+  return y.view(shape);
 }
 
 // oneDNN's product of x (in the weight's dtype) [..., in] with its reordered weight (+ bias), in
@@ -79,10 +95,10 @@ struct Linear {
   at::Tensor weight;   // oneDNN-reordered [out, in] (bf16 or fp32), or int8 [out, in]
   MaybeTensor bias;    // in the packed dtype (oneDNN) or float32 (int8)
   MaybeTensor scale;   // bf16 [out] for int8 weights; none for oneDNN
-  MaybeTensor vnni;    // bf16 [out/16, in/2, 32] (VNNI layout) where the few-row kernel may run
+  MaybeTensor vnni;    // the weights (bf16 or int8) in VNNI layout where the few-row kernel may run
 
   at::Tensor operator()(const at::Tensor& x) const {
-    if (vnni.has_value() && small_gemm_fits(x, *vnni)) return small_gemm(x, *vnni, bias);
+    if (vnni.has_value() && small_gemm_fits(x, *vnni)) return small_gemm(x, *vnni, bias, scale);
     if (scale.has_value()) {
       auto flat = x.reshape({-1, x.size(-1)}).to(at::kBFloat16);
       auto y = at::_weight_int8pack_mm(flat, weight, *scale).to(at::kFloat);
@@ -147,7 +163,7 @@ Linear linear_at(const MaybeTensor* p, size_t i) {
 // than the arithmetic. This path does them in plain loops (RMSNorm, rotary, the cache write, causal
 // attention, SiLU · up, the residual adds) around the products — the few-row kernel up to
 // kSmallRows rows, oneDNN's blocked product past it, on the same bf16-rounded inputs — for
-// bias-free layers whose products all have bf16 weights in VNNI layout. The same formulas as the ATen
+// bias-free layers whose products all have a VNNI copy (bf16, or int8). The same formulas as the ATen
 // path; float32 rounding differs (RMSNorm's sum of squares, exp, softmax's order), so its numbers
 // match the other path's to float32 rounding, not bit for bit (tests/test_native.py).
 constexpr int64_t kFusedRows = 64;  // at most this many new tokens run fused (longer: ATen's operators)
@@ -159,31 +175,43 @@ struct Scratch {
   std::vector<float> h, qkv, attn, gate_up, act, out, scores;
 };
 
-// y [T, out] = bf16(bf16(x [T, in]) · Wᵀ + b) for a bf16 `lin`: the few-row kernel on its VNNI
-// copy up to kSmallRows rows, else oneDNN's product on its blocked weights (what Linear runs).
+// y [T, out] = bf16(x [T, in] · Wᵀ) (+ b) for `lin` on bf16-rounded inputs, as Linear computes it:
+// the few-row kernel on its VNNI copy up to kSmallRows rows, else oneDNN's product (bf16) or
+// _weight_int8pack_mm (int8).
 void product_rows(const float* x, int64_t T, const Linear& lin, float* y, Scratch& s) {
   const int64_t out = lin.weight.size(0), in = lin.weight.size(1);
-  s.xb.resize(T * in);
-  to_bf16_rows(x, T * in, s.xb.data());
-  if (lin.vnni.has_value() && T <= kSmallRows) {
-    small_gemm_kernel(s.xb.data(), T, reinterpret_cast<const uint16_t*>(lin.vnni->data_ptr()), in, out, y);
-    if (lin.bias.has_value()) {
-      const auto b = lin.bias->to(at::kFloat).contiguous();
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < out; ++j) y[t * out + j] += b.data_ptr<float>()[j];
-    }
+  const bool int8 = lin.scale.has_value();
+  const bool own = lin.vnni.has_value() && T <= kSmallRows;
+  auto xb = own ? at::Tensor() : at::empty({T, in}, at::TensorOptions().dtype(at::kBFloat16));  // aligned as ATen's kernels expect
+  s.xb.resize(own ? T * in : 0);
+  auto* xp = own ? s.xb.data() : reinterpret_cast<uint16_t*>(xb.data_ptr());
+  to_bf16_rows(x, T * in, xp);
+  const auto bias = lin.bias.has_value() ? std::optional<at::Tensor>(lin.bias->to(at::kFloat).contiguous()) : std::nullopt;
+  auto add_bias = [&]() {
+    if (!bias.has_value()) return;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < out; ++j) y[t * out + j] += bias->data_ptr<float>()[j];
+  };
+  if (own) {
+    vnni_product(xp, T, *lin.vnni, lin.scale, in, out, y);
+    if (!int8) add_bias();
     round_to_bf16(y, T * out);
+    if (int8) add_bias();
     return;
   }
-  auto xb = at::from_blob(s.xb.data(), {T, in}, at::TensorOptions().dtype(at::kBFloat16));
+  if (int8) {
+    auto yb = at::_weight_int8pack_mm(xb, lin.weight, *lin.scale).contiguous();  // bf16 [T, out]
+    from_bf16_rows(reinterpret_cast<const uint16_t*>(yb.data_ptr()), T * out, y);
+    add_bias();
+    return;
+  }
   auto yb = onednn_product(xb, lin.weight, lin.bias).contiguous();  // bf16 [T, out]
-  const auto* yp = reinterpret_cast<const uint16_t*>(yb.data_ptr());
-  from_bf16_rows(yp, T * out, y);
+  from_bf16_rows(reinterpret_cast<const uint16_t*>(yb.data_ptr()), T * out, y);
 }
 
 // Whether the fused path takes this call: one sequence, at most kFusedRows new tokens seeing the
 // cache and themselves causally (one token without a mask, or `causal` saying the mask is the plain
-// causal one), bias-free layers with bf16 weights in VNNI layout on every product, float32 caches.
+// causal one), bias-free layers with a VNNI copy (bf16 or int8) of every product, float32 caches.
 bool fused_fits(int64_t B, int64_t T, const std::vector<MaybeTensor>& params, const std::vector<at::Tensor>& keys,
                 bool masked, bool causal, const Geometry& g) {
   if (!g.own || B != 1 || T > kFusedRows || g.head_dim % 16 != 0 || !small_gemm_cpu()) return false;
@@ -192,7 +220,7 @@ bool fused_fits(int64_t B, int64_t T, const std::vector<MaybeTensor>& params, co
     const auto* p = &params[kPerLayer * l];
     for (size_t j = 0; j < 4; ++j) {
       const auto* lin = p + 2 + j * kPerLinear;
-      if (lin[1].has_value() || lin[2].has_value() || !lin[3].has_value()) return false;  // bias, int8, no VNNI copy
+      if (lin[1].has_value() || !lin[3].has_value()) return false;  // a bias, or no VNNI copy
     }
     if (keys[l].size(0) != 1 || keys[l].scalar_type() != at::kFloat || keys[l].stride(3) != 1) return false;
   }
@@ -301,7 +329,8 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> fused_forward(
   const int64_t T = ids.size(1), V = embed.size(0), H = embed.size(1);
   const Linear lm = linear_at(head.data(), 0);
   const bool embed_fits = embed.scalar_type() == at::kBFloat16 || embed.scalar_type() == at::kFloat;
-  if (lm.scale.has_value() || lm.weight.scalar_type() != at::kBFloat16 || !embed_fits || ids.size(0) != 1 ||
+  const bool head_fits = lm.weight.scalar_type() == (lm.scale.has_value() ? at::kChar : at::kBFloat16);
+  if (!head_fits || !embed_fits || ids.size(0) != 1 ||
       keep < 1 || keep > T || !fused_fits(1, T, params, keys, T > 1, true, g))
     return std::nullopt;
   TORCH_CHECK(ids.scalar_type() == at::kLong, "token ids must be int64");
@@ -327,11 +356,12 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> fused_forward(
   return std::make_tuple(logits, hidden);
 }
 
-// The few-row product alone (engine/packed.py PackedLinear calls it; None-able bias).
-at::Tensor small_product(const at::Tensor& x, const at::Tensor& vnni, const MaybeTensor& bias) {
+// The few-row product alone (engine/packed.py PackedLinear / Int8Linear call it; None-able bias, scale).
+at::Tensor small_product(const at::Tensor& x, const at::Tensor& vnni, const MaybeTensor& bias,
+                         const MaybeTensor& scale) {
   TORCH_CHECK(small_gemm_fits(x, vnni), "the few-row kernel does not take this product");
   pybind11::gil_scoped_release no_gil;
-  return small_gemm(x, vnni, bias);
+  return small_gemm(x, vnni, bias, scale);
 }
 
 }  // namespace
@@ -339,7 +369,7 @@ at::Tensor small_product(const at::Tensor& x, const at::Tensor& vnni, const Mayb
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run_layers", &run_layers, "relaxspec's packed decoder layers (engine/packed.py)");
   m.def("fused_forward", &fused_forward, "a forward of one sequence end to end, fused (or None)");
-  m.def("small_product", &small_product, "x · Wᵀ (+ bias) for at most small_rows() rows, bf16 W in VNNI layout");
+  m.def("small_product", &small_product, "x · Wᵀ (+ bias) for at most small_rows() rows, W bf16 or int8 (· scale) in VNNI layout");
   m.def("small_product_cpu", &small_gemm_cpu, "whether this CPU runs the few-row kernel");
   m.def("attend", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const MaybeTensor& mask,
                      bool gqa) {
