@@ -90,8 +90,8 @@ def own_kernels_available() -> bool:
 
 def own_kernels() -> ModuleType | None:
     """The module whose ``small_product(x, vnni, bias, scale)`` runs products of at most
-    ``small_rows()`` input rows on bf16 or int8 weights in VNNI layout and whose ``attend`` runs a decode step's
-    attention; None where they are not available or inside :func:`torch_kernels`."""
+    ``small_rows()`` input rows on bf16 or int8 weights in VNNI layout and whose ``attend`` runs a
+    decode step's attention; None where they are not available or inside :func:`torch_kernels`."""
     if _TORCH_ONLY.get() or not own_kernels_available():
         return None
     return _built["module"]  # type: ignore[return-value]
