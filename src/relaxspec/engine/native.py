@@ -8,11 +8,9 @@ not change, only the cost per op. Where it cannot be built the Python loop runs,
 saying why; :func:`python_layers` forces the Python loop (tests, and benchmarks that compare both).
 
 The same module holds kernels of its own for CPUs with AVX-512 BF16 (:func:`own_kernels`, used
-by both loops): the product of at most 16 input rows on bf16 or weight-only int8 weights (decode
-steps and verifies), which streams each weight once, in the layout ``vdpbf16ps`` reads, while
-oneDNN's reads them more slowly and does not overlap reading with arithmetic, its rows not depending
-on how many are computed together; and a decode step's attention (one new token, no mask) without
-the per-call setup of torch's. :func:`torch_kernels` runs oneDNN's and torch's int8 products and
+by both loops, csrc/kernels.h): the product of at most 16 input rows on bf16 or weight-only int8
+weights (decode steps, verifies), streaming each weight once in the layout ``vdpbf16ps`` reads,
+its rows independent of how many are computed together; and a decode step's attention. :func:`torch_kernels` runs oneDNN's and torch's int8 products and
 torch's attention instead (the path before them, for comparisons). With its own kernels, a forward
 of one sequence over a few new tokens (a decode step, a verify, a short prefill: one token without
 a mask or up to 64 under the plain causal mask; bias-free layers) runs fused: the operators
