@@ -154,6 +154,23 @@ class _TextTracker:
         return out
 
 
+class _Committed:
+    """The committed token ids of one generation in a buffer sized for its budget: each cycle's
+    ``ids[1, n]`` is a view of the first n (committed tokens never change), not a new tensor."""
+
+    def __init__(self, prompt: torch.Tensor, budget: int) -> None:
+        self.n = prompt.shape[1]
+        self.buffer = torch.empty((1, self.n + budget), dtype=torch.long)
+        self.buffer[:, : self.n] = prompt
+        self.rows = self.buffer.numpy()  # writes from a list without a tensor per chunk
+
+    def extend(self, chunk: list[int]) -> torch.Tensor:
+        """Append ``chunk``; the committed ids ``[1, n]`` after it."""
+        self.rows[0, self.n : self.n + len(chunk)] = chunk
+        self.n += len(chunk)
+        return self.buffer[:, : self.n]
+
+
 def _decodes_additively(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether ``decode(a + b) == decode(a) + decode(b)`` whenever ``a``'s bytes end a character:
     a byte-level decoder (GPT-2's: tokens to bytes, bytes to UTF-8) with no clean-up of spaces."""
@@ -284,6 +301,7 @@ class Engine:
         run = self._new_run(params, rule, ids.shape[1], logprobs)
         text = _TextTracker(self.tokenizer, params.stop)
         budget = min(params.max_new_tokens, self.context_length - ids.shape[1])
+        committed = _Committed(ids, budget)
         calls_before = self._calls()
 
         started = _now(self.device)
@@ -305,7 +323,7 @@ class Engine:
             if on_cycle is not None:
                 on_cycle(record)
             chunk, finish = self._cut(record.chunk, remaining, params, text)
-            ids = torch.cat([ids, torch.tensor([chunk], dtype=torch.long)], dim=1)
+            ids = committed.extend(chunk)
             generated += len(chunk)
             self._emit(record, chunk, finish, remaining, text, logprobs, on_chunk)
             if adapt is not None and k == previous_k:
