@@ -10,8 +10,9 @@ saying why; :func:`python_layers` forces the Python loop (tests, and benchmarks 
 The same module holds kernels of its own for CPUs with AVX-512 BF16 (:func:`own_kernels`, used
 by both loops, csrc/kernels.h): the product of at most 16 input rows on bf16 or weight-only int8
 weights (decode steps, verifies), streaming each weight once in the layout ``vdpbf16ps`` reads,
-its rows independent of how many are computed together; and a decode step's attention. :func:`torch_kernels` runs oneDNN's and torch's int8 products and
-torch's attention instead (the path before them, for comparisons). With its own kernels, a forward
+its rows independent of how many are computed together; and a decode step's attention.
+:func:`torch_kernels` runs oneDNN's and torch's int8 products and torch's attention instead (the
+path before them, for comparisons). With its own kernels, a forward
 of one sequence over a few new tokens (a decode step, a verify, a short prefill: one token without
 a mask or up to 64 under the plain causal mask; bias-free layers) runs fused: the operators
 between the products in plain loops instead of ATen calls, and for a whole model the embedding,
