@@ -312,8 +312,8 @@ def test_a_fused_forward_of_one_sequence_computes_the_layers_to_rounding(own_ker
 def test_the_few_row_int8_product_is_int8packs_product(own_kernels, bias):
     """Weight-only int8 on the few-row kernel: the weights converted to bf16 exactly, the per-output
     scale applied to the fp32 sums, rounded to bf16 (then the bias): what ``_weight_int8pack_mm``
-    computes, to the last bf16 bit but for rounding ties; rows independent; 17 rows go to it
-    (inputs a multiple of 32: torch's int8 kernel crashed on 98 inputs here)."""
+    computes, to the last bf16 bit but for rounding ties; rows independent; more than 16 rows in
+    chunks of 16 (inputs a multiple of 32: torch's int8 kernel crashed on 98 inputs here)."""
     torch.manual_seed(1)
     linear = torch.nn.Linear(96, 48, bias=bias)
     product = packed.Int8Linear([linear])
@@ -325,9 +325,11 @@ def test_the_few_row_int8_product_is_int8packs_product(own_kernels, bias):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=2**-7)
     for m in range(16):
         assert torch.equal(product(x[m : m + 1])[0], got[m])
-    seventeen = torch.randn(17, 96)
+    forty = torch.randn(40, 96)  # 16 + 16 + 8 rows through the kernel
     with native.torch_kernels():
-        assert torch.equal(product(seventeen), product(seventeen))
+        want = product(forty)
+    torch.testing.assert_close(product(forty), want, atol=1e-6, rtol=2**-7)
+    assert torch.equal(product(forty)[16:32], product(forty[16:32]))
     assert packed.Int8Linear([torch.nn.Linear(96, 40)]).vnni is None  # 40 % 16
 
 

@@ -44,22 +44,30 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   return at::scaled_dot_product_attention(q, keys, values, mask, 0.0, false, std::nullopt, gqa);
 }
 
-// Whether x [..., in] times weights in VNNI layout [out/16, in/2, 32] can take the kernel.
+// Whether x [..., in] times weights in VNNI layout [out/16, in/2, 32] can take the kernel: at most
+// kSmallRows rows of bf16 weights (oneDNN's product is as fast past that), any number of int8
+// weights' (in chunks of kSmallRows: torch's int8 product is slower at every size).
 bool small_gemm_fits(const at::Tensor& x, const at::Tensor& vnni) {
   const int64_t in = 2 * vnni.size(1);
-  return small_gemm_cpu() && x.size(-1) == in && x.numel() / in <= kSmallRows && x.numel() > 0;
+  const bool rows = x.numel() / in <= kSmallRows || vnni.scalar_type() == at::kChar;
+  return small_gemm_cpu() && x.size(-1) == in && rows && x.numel() > 0;
 }
 
-// The few-row kernel on a VNNI copy: bf16, or int8 with its bf16 scales. y [M, out] fp32, not rounded.
+// The few-row kernel on a VNNI copy: bf16, or int8 with its bf16 scales, kSmallRows rows at a time.
+// y [M, out] fp32, not rounded.
 void vnni_product(const uint16_t* xb, int64_t M, const at::Tensor& vnni, const MaybeTensor& scale, int64_t in,
                   int64_t out, float* y) {
-  if (vnni.scalar_type() == at::kChar) {
-    TORCH_CHECK(scale.has_value() && scale->scalar_type() == at::kBFloat16, "int8 weights need bf16 scales");
-    const auto* s = reinterpret_cast<const uint16_t*>(scale->data_ptr());
-    small_gemm_kernel(xb, M, vnni.data_ptr<int8_t>(), s, in, out, y);
-  } else {
-    TORCH_CHECK(vnni.scalar_type() == at::kBFloat16, "the few-row kernel takes bf16 or int8 weights");
-    small_gemm_kernel(xb, M, reinterpret_cast<const uint16_t*>(vnni.data_ptr()), nullptr, in, out, y);
+  for (int64_t m = 0; m < M; m += kSmallRows) {
+    const int64_t rows = std::min(kSmallRows, M - m);
+    if (vnni.scalar_type() == at::kChar) {
+      TORCH_CHECK(scale.has_value() && scale->scalar_type() == at::kBFloat16, "int8 weights need bf16 scales");
+      const auto* s = reinterpret_cast<const uint16_t*>(scale->data_ptr());
+      small_gemm_kernel(xb + m * in, rows, vnni.data_ptr<int8_t>(), s, in, out, y + m * out);
+    } else {
+      TORCH_CHECK(vnni.scalar_type() == at::kBFloat16, "the few-row kernel takes bf16 or int8 weights");
+      small_gemm_kernel(xb + m * in, rows, reinterpret_cast<const uint16_t*>(vnni.data_ptr()), nullptr, in, out,
+                        y + m * out);
+    }
   }
 }
 
@@ -176,12 +184,12 @@ struct Scratch {
 };
 
 // y [T, out] = bf16(x [T, in] · Wᵀ) (+ b) for `lin` on bf16-rounded inputs, as Linear computes it:
-// the few-row kernel on its VNNI copy up to kSmallRows rows, else oneDNN's product (bf16) or
-// _weight_int8pack_mm (int8).
+// the few-row kernel on its VNNI copy up to kSmallRows rows (any number for int8), else oneDNN's
+// product (bf16) or _weight_int8pack_mm (int8 without a VNNI copy).
 void product_rows(const float* x, int64_t T, const Linear& lin, float* y, Scratch& s) {
   const int64_t out = lin.weight.size(0), in = lin.weight.size(1);
   const bool int8 = lin.scale.has_value();
-  const bool own = lin.vnni.has_value() && T <= kSmallRows;
+  const bool own = lin.vnni.has_value() && (T <= kSmallRows || int8);
   auto xb = own ? at::Tensor() : at::empty({T, in}, at::TensorOptions().dtype(at::kBFloat16));  // aligned as ATen's kernels expect
   s.xb.resize(own ? T * in : 0);
   auto* xp = own ? s.xb.data() : reinterpret_cast<uint16_t*>(xb.data_ptr());
