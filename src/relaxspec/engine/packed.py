@@ -181,8 +181,8 @@ class Int8Linear:
     ``torch.ops.aten._weight_int8pack_mm(x bf16[M, in], q int8[out, in], s bf16[out])`` converts each
     weight to bf16 on the fly and scales the product's columns: half the bytes of bf16 weights
     read per product. Where the few-row kernel runs, ``q`` is also kept in its layout (``vnni``)
-    and every product takes it, ``small_rows()`` rows at a time (faster than torch's at any size). ``x[..., in]`` -> float32
-    ``[..., out]``; several linears fuse as in :class:`PackedLinear`.
+    and every product takes it, ``small_rows()`` rows at a time (faster than torch's at any size).
+    ``x[..., in]`` -> float32 ``[..., out]``; several linears fuse as in :class:`PackedLinear`.
     """
 
     def __init__(self, linears: Sequence[torch.nn.Linear]) -> None:
