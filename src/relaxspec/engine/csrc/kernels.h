@@ -189,40 +189,82 @@ RS_VEC_TARGET inline float exp_shifted(float* p, int64_t S, float top) {
   return _mm512_reduce_add_ps(total);
 }
 
-// --- One new token's attention over the cache (a decode step, no mask) ---------------------------
+// --- Attention of new tokens over the cache -----------------------------------------------------
 //
-// softmax(q·Kᵀ / √D) · V for q [B, H, 1, D] over keys / values [B, Hkv, S, D] (rows of D floats
-// at stride D, heads at any stride: the cache's live prefix), head h reading kv head h·Hkv/H. What
-// torch's scaled_dot_product_attention computes, up to float32 summation order, without its
-// per-call setup (the largest of a decode step's remaining costs beside the products).
-RS_ATTN_TARGET inline float dot64(const float* a, const float* b, int64_t D) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
-  return _mm512_reduce_add_ps(acc);
+// softmax(q·Kᵀ / √D) · V for one query over keys / values (rows of D floats, heads at any stride:
+// the cache's live prefix). What torch's scaled_dot_product_attention computes, up to float32
+// summation order, without its per-call setup.
+
+// One query of one head: q [D] over S keys / values (rows of D floats at strides ks / vs) -> out [D].
+// Scores four keys at a time (independent accumulators; each key's sum over D in order, then one
+// reduction), the softmax's exponentials vectorised, the weighted sum in one pass over the value
+// rows (C chunks of 16 accumulated together). p: scratch for S scores. C = D / 16.
+template <int C>
+RS_ATTN_TARGET inline void attend_head(const float* q, const float* k, int64_t ks, const float* v, int64_t vs,
+                                       int64_t S, float* out, float* p) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(16 * C));
+  __m512 qv[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  int64_t s = 0;
+  for (; s + 4 <= S; s += 4) {
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c)
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) a[j] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + (s + j) * ks + 16 * c), a[j]);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) p[s + j] = _mm512_reduce_add_ps(a[j]) * scale;
+  }
+  for (; s < S; ++s) {
+    __m512 a = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + s * ks + 16 * c), a);
+    p[s] = _mm512_reduce_add_ps(a) * scale;
+  }
+  float top = -INFINITY;
+  for (int64_t i = 0; i < S; ++i) top = std::max(top, p[i]);
+  const float total = exp_shifted(p, S, top);
+  __m512 acc[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < S; ++i) {
+    const __m512 w = _mm512_set1_ps(p[i]);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + i * vs + 16 * c), acc[c]);
+  }
+  const __m512 inv = _mm512_set1_ps(total);
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_div_ps(acc[c], inv));
+}
+
+// attend_head for a head dim D (a multiple of 16, at most 256).
+inline void attend_one(const float* q, const float* k, int64_t ks, const float* v, int64_t vs, int64_t S, int64_t D,
+                       float* out, float* p) {
+  switch (D / 16) {
+#define RS_HEAD(c) \
+  case c:          \
+    return attend_head<c>(q, k, ks, v, vs, S, out, p);
+    RS_HEAD(1) RS_HEAD(2) RS_HEAD(3) RS_HEAD(4) RS_HEAD(5) RS_HEAD(6) RS_HEAD(7) RS_HEAD(8)
+    RS_HEAD(9) RS_HEAD(10) RS_HEAD(11) RS_HEAD(12) RS_HEAD(13) RS_HEAD(14) RS_HEAD(15) RS_HEAD(16)
+#undef RS_HEAD
+    default:
+      TORCH_CHECK(false, "the attention kernel takes head dims 16 to 256 in steps of 16, not ", D);
+  }
 }
 
 // One sequence: q [H, D] over the first S positions of keys / values (batch row `b` of the cache
-// buffers [B, Hkv, capacity, D]) -> out [H, D]; p: scratch for S scores.
-RS_ATTN_TARGET inline void attend_row(const float* q, const at::Tensor& keys, const at::Tensor& values,
-                               int64_t b, int64_t S, int64_t H, float* out, std::vector<float>& p) {
+// buffers [B, Hkv, capacity, D]) -> out [H, D]; head h reads kv head h·Hkv/H; p: scratch.
+inline void attend_row(const float* q, const at::Tensor& keys, const at::Tensor& values, int64_t b, int64_t S,
+                       int64_t H, float* out, std::vector<float>& p) {
   const int64_t Hkv = keys.size(1), D = keys.size(3);
   p.resize(S);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float* kd = keys.data_ptr<float>() + b * keys.stride(0);
   const float* vd = values.data_ptr<float>() + b * values.stride(0);
   for (int64_t h = 0; h < H; ++h) {
     const int64_t g = h * Hkv / H;
-    const float* kh = kd + g * keys.stride(1);
-    const float* vh = vd + g * values.stride(1);
-    float top = -INFINITY;
-    for (int64_t s = 0; s < S; ++s) top = std::max(top, p[s] = dot64(q + h * D, kh + s * keys.stride(2), D) * scale);
-    const float total = exp_shifted(p.data(), S, top);
-    for (int64_t d = 0; d < D; d += 16) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t s = 0; s < S; ++s)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(p[s]), _mm512_loadu_ps(vh + s * values.stride(2) + d), acc);
-      _mm512_storeu_ps(out + h * D + d, _mm512_div_ps(acc, _mm512_set1_ps(total)));
-    }
+    attend_one(q + h * D, kd + g * keys.stride(1), keys.stride(2), vd + g * values.stride(1), values.stride(2), S, D,
+               out + h * D, p.data());
   }
 }
 

@@ -33,7 +33,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
 }
 
 bool decode_attention_fits(const at::Tensor& q, const at::Tensor& keys, const MaybeTensor& mask) {
-  return !mask.has_value() && q.size(2) == 1 && q.size(3) % 16 == 0 && small_gemm_cpu() &&
+  return !mask.has_value() && q.size(2) == 1 && q.size(3) % 16 == 0 && q.size(3) <= 256 && small_gemm_cpu() &&
          keys.stride(3) == 1 && q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat;
 }
 
@@ -222,7 +222,8 @@ void product_rows(const float* x, int64_t T, const Linear& lin, float* y, Scratc
 // causal one), bias-free layers with a VNNI copy (bf16 or int8) of every product, float32 caches.
 bool fused_fits(int64_t B, int64_t T, const std::vector<MaybeTensor>& params, const std::vector<at::Tensor>& keys,
                 bool masked, bool causal, const Geometry& g) {
-  if (!g.own || B != 1 || T > kFusedRows || g.head_dim % 16 != 0 || !small_gemm_cpu()) return false;
+  if (!g.own || B != 1 || T > kFusedRows || g.head_dim % 16 != 0 || g.head_dim > 256 || !small_gemm_cpu())
+    return false;
   if (masked ? !causal : T != 1) return false;
   for (size_t l = 0; l < keys.size(); ++l) {
     const auto* p = &params[kPerLayer * l];
@@ -253,7 +254,16 @@ void attention_rows(float* qkv, int64_t T, const at::Tensor& keys, const at::Ten
       std::memcpy(vb + j * values.stride(1) + (past + t) * values.stride(2), v + j * D, D * sizeof(float));
     }
   }
-  for (int64_t t = 0; t < T; ++t) attend_row(qkv + t * Q, keys, values, 0, past + t + 1, Hq, out + t * Hq * D, s.scores);
+  // Head by head, then row by row: a head's keys and values stay in cache across the T rows.
+  s.scores.resize(past + T);
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t j = h * Hkv / Hq;
+    const float* kh = kb + j * keys.stride(1);
+    const float* vh = vb + j * values.stride(1);
+    for (int64_t t = 0; t < T; ++t)
+      attend_one(qkv + t * Q + h * D, kh, keys.stride(2), vh, values.stride(2), past + t + 1, D,
+                 out + t * Hq * D + h * D, s.scores.data());
+  }
 }
 
 at::Tensor fused_rows(at::Tensor x, const std::vector<MaybeTensor>& params, const std::vector<at::Tensor>& keys,
