@@ -383,3 +383,24 @@ def test_the_eagle_heads_catch_up_step_fuses_under_its_causal_mask(own_kernels):
     assert own_kernels.fused_steps() == steps + 4  # only the one-token step
     for a, b in zip(aten, fused, strict=True):
         torch.testing.assert_close(b, a, atol=0.02 * a.abs().max().item(), rtol=0)
+
+
+def test_the_rotary_table_gives_the_rotary_modules_numbers():
+    """cos / sin by position from the table (grown by doubling past its first size) equal the model's
+    rotary module at the same positions; positions the table has no row for (negative) take the
+    module itself."""
+    model = _gqa(context=64)
+    packed.attach(model, "packed-bf16")
+    forward = packed.packed_forward(model)
+    positions = torch.tensor([[0, 5, 63, 64, 200], [3, 3, 1, 0, 130]])
+    cos, sin = forward.rotary_at(positions)
+    want_cos, want_sin = model.model.rotary_emb(torch.zeros(1, 1, 1), positions)
+    assert torch.equal(cos, want_cos[:, None].float()) and torch.equal(sin, want_sin[:, None].float())
+    rows_cos, rows_sin = forward.rotary_rows(198, 3)  # [1, 1, 3, D]
+    span_cos, span_sin = model.model.rotary_emb(torch.zeros(1, 1, 1), torch.arange(198, 201)[None])
+    assert torch.equal(rows_cos[0, 0], span_cos[0].float())
+    assert torch.equal(rows_sin[0, 0], span_sin[0].float())
+    negative = torch.tensor([[-1, 0, 2]])
+    cos, sin = forward.rotary_at(negative)
+    want_cos, want_sin = model.model.rotary_emb(torch.zeros(1, 1, 1), negative)
+    assert torch.equal(cos, want_cos[:, None].float()) and torch.equal(sin, want_sin[:, None].float())

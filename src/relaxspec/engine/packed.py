@@ -290,6 +290,10 @@ class PackedLayers:
 
     def rotary_at(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``float32[B, 1, T, D]`` of the positions ``position_ids[B, T]``."""
+        if int(position_ids.min()) < 0:  # no table row for these: the rotary module's own numbers
+            assert self.rotary is not None
+            cos, sin = self.rotary(torch.zeros(1, 1, 1), position_ids)
+            return cos[:, None].float(), sin[:, None].float()
         self._table(int(position_ids.max()) + 1)
         return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
