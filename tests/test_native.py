@@ -334,16 +334,17 @@ def test_the_few_row_int8_product_is_int8packs_product(own_kernels, bias):
 
 
 def test_a_long_prompt_keeps_atens_operators_and_the_sequence_stays_right(own_kernels):
-    """Past 64 new tokens the forward takes ATen's operators (torch's attention); the steps after it
-    fuse again on the cache it wrote, across the buffers' growth at 256 positions."""
-    model = _gqa(context=400)
+    """Up to 256 new tokens fuse (a 200-token prompt, a 59-token piece across the buffers' growth at
+    256 positions); past 256 the forward takes ATen's operators (torch's attention), and the step
+    after it fuses again on the cache it wrote."""
+    model = _gqa(context=700)
     packed.attach(model, "packed-bf16")
-    pieces = ((0, 100), (100, 101), (101, 150), (150, 250), (250, 262), (262, 263))
+    pieces = ((0, 200), (200, 201), (201, 260), (260, 261), (261, 561), (561, 562))
     steps = own_kernels.fused_steps()
-    fused = _sequence(model, 263, pieces)(model)
-    assert own_kernels.fused_steps() == steps + 4  # all but the two of more than 64 tokens
+    fused = _sequence(model, 562, pieces)(model)
+    assert own_kernels.fused_steps() == steps + 5  # all but the 300-token piece
     with native.unfused():
-        aten = _sequence(model, 263, pieces)(model)
+        aten = _sequence(model, 562, pieces)(model)
     _assert_rounding_close(aten, fused)
 
 

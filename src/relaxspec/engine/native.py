@@ -14,7 +14,7 @@ its rows independent of how many are computed together; and a decode step's atte
 :func:`torch_kernels` runs oneDNN's and torch's int8 products and torch's attention instead (the
 path before them, for comparisons). With its own kernels, a forward
 of one sequence over a few new tokens (a decode step, a verify, a short prefill: one token without
-a mask or up to 64 under the plain causal mask; bias-free layers) runs fused: the operators
+a mask or up to 256 under the plain causal mask; bias-free layers) runs fused: the operators
 between the products in plain loops instead of ATen calls, and for a whole model the embedding,
 final norm and LM head in the same call — the same formulas, float32 rounding apart;
 :func:`unfused` keeps the ATen operators (whose numbers are the Python loop's bit for bit).

@@ -166,7 +166,7 @@ Linear linear_at(const MaybeTensor* p, size_t i) {
 
 // --- One sequence's forward, fused: a few new tokens through every layer on raw floats ----------
 //
-// With one sequence and a few new tokens (a decode step, a verify, a short prefill) every operator
+// With one sequence and a few new tokens (a decode step, a verify, a prefill) every operator
 // between the products touches a few thousand floats, and ATen's dispatch and allocation cost more
 // than the arithmetic. This path does them in plain loops (RMSNorm, rotary, the cache write, causal
 // attention, SiLU · up, the residual adds) around the products — the few-row kernel up to
@@ -174,7 +174,7 @@ Linear linear_at(const MaybeTensor* p, size_t i) {
 // bias-free layers whose products all have a VNNI copy (bf16, or int8). The same formulas as the ATen
 // path; float32 rounding differs (RMSNorm's sum of squares, exp, softmax's order), so its numbers
 // match the other path's to float32 rounding, not bit for bit (tests/test_native.py).
-constexpr int64_t kFusedRows = 64;  // at most this many new tokens run fused (longer: ATen's operators)
+constexpr int64_t kFusedRows = 256;  // at most this many new tokens run fused (longer: ATen's operators)
 
 std::atomic<int64_t> fused_steps{0};  // forwards that took the fused path (tests, diagnostics)
 
