@@ -164,11 +164,11 @@ Linear linear_at(const MaybeTensor* p, size_t i) {
   return Linear{*p[i], p[i + 1], p[i + 2], p[i + 3]};
 }
 
-// --- One sequence's forward, fused: a few new tokens through every layer on raw floats ----------
+// --- One sequence's forward, fused: up to kFusedRows new tokens through every layer on raw floats --
 //
-// With one sequence and a few new tokens (a decode step, a verify, a prefill) every operator
-// between the products touches a few thousand floats, and ATen's dispatch and allocation cost more
-// than the arithmetic. This path does them in plain loops (RMSNorm, rotary, the cache write, causal
+// With one sequence and a few new tokens (a decode step, a verify) every operator between the
+// products touches a few thousand floats, and ATen's dispatch and allocation cost more than the
+// arithmetic; up to a few hundred (a prefill) the plain loops below still measured faster. This path does them in plain loops (RMSNorm, rotary, the cache write, causal
 // attention, SiLU · up, the residual adds) around the products — the few-row kernel up to
 // kSmallRows rows, oneDNN's blocked product past it, on the same bf16-rounded inputs — for
 // bias-free layers whose products all have a VNNI copy (bf16, or int8). The same formulas as the ATen
@@ -190,11 +190,13 @@ void product_rows(const float* x, int64_t T, const Linear& lin, float* y, Scratc
   const int64_t out = lin.weight.size(0), in = lin.weight.size(1);
   const bool int8 = lin.scale.has_value();
   const bool own = lin.vnni.has_value() && (T <= kSmallRows || int8);
-  auto xb = own ? at::Tensor() : at::empty({T, in}, at::TensorOptions().dtype(at::kBFloat16));  // aligned as ATen's kernels expect
+  // ATen's kernels get a tensor ATen allocated (aligned as they expect); ours read the scratch
+  auto xb = own ? at::Tensor() : at::empty({T, in}, at::TensorOptions().dtype(at::kBFloat16));
   s.xb.resize(own ? T * in : 0);
   auto* xp = own ? s.xb.data() : reinterpret_cast<uint16_t*>(xb.data_ptr());
   to_bf16_rows(x, T * in, xp);
-  const auto bias = lin.bias.has_value() ? std::optional<at::Tensor>(lin.bias->to(at::kFloat).contiguous()) : std::nullopt;
+  const auto bias =
+      lin.bias.has_value() ? std::optional<at::Tensor>(lin.bias->to(at::kFloat).contiguous()) : std::nullopt;
   auto add_bias = [&]() {
     if (!bias.has_value()) return;
     for (int64_t t = 0; t < T; ++t)
