@@ -445,15 +445,16 @@ POISON_AT = 60  # a batched forward that reaches this position fails (a row-spec
 
 def test_a_forward_failing_for_one_row_fails_only_that_request(target, monkeypatch):
     """Layer 1 raises mid-forward (after layer 0 extended the shared KV cache) whenever a row
-    reaches position 60: only the long request fails; the others, batched with it, complete with
-    exactly their outputs alone."""
+    reaches position 60: only the long request fails, 20 tokens after it joined; the others,
+    batched with it (56 tokens each, so they are still decoding then, however fast a step is, and
+    never reach position 60), complete with exactly their outputs alone."""
     import torch
 
     from relaxspec.core.sampling import SamplingParams
 
     models = ModelSet(target=target)
-    prompts = ["w1", "w2 w3", "w4 w5 w6", " ".join(["w7"] * (POISON_AT - 1))]  # the last: 60 tokens
-    params = SamplingParams(temperature=0, max_new_tokens=30, ignore_eos=True)
+    prompts = ["w1", "w2 w3", "w4 w5 w6", " ".join(["w7"] * (POISON_AT - 21))]  # the last: 40 tokens
+    params = SamplingParams(temperature=0, max_new_tokens=POISON_AT - 4, ignore_eos=True)
     alone_pool = ServingPool(models, "ar", batching=False)
     expected = [alone_pool.submit(p, params).tokens for p in prompts[:3]]
 
