@@ -158,7 +158,7 @@ class PackedLinear:
 def vnni_layout(weight: torch.Tensor) -> torch.Tensor:
     """bf16 or int8 ``W[out, in]`` -> ``[out/16, in/2, 32]``: for each block of 16 outputs and each pair of
     inputs, the 32 weights one ``vdpbf16ps`` multiplies (16 outputs of 2 inputs each), the
-    order the few-row kernel streams them in (csrc/layers.cpp)."""
+    order the few-row kernel streams them in (csrc/kernels.h)."""
     out, inputs = weight.shape
     blocks = weight.view(out // 16, 16, inputs // 2, 2).permute(0, 2, 1, 3)  # [out/16, in/2, 16, 2]
     return blocks.contiguous().view(out // 16, inputs // 2, 32)
@@ -389,6 +389,7 @@ class PackedForward(PackedLayers):
         base = model.model
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
+        self.fusable = True  # until the C++ side declines a forward of one sequence (fused)
         self.norm = doubled(base.norm.weight)
         self.lm_head = packed_linear([model.lm_head], weights)
         self.layers = [PackedLayer.of(layer, weights) for layer in base.layers]
@@ -420,12 +421,11 @@ class PackedForward(PackedLayers):
         length): ``(logits float32[1, keep, V], normed hidden float32[1, T, hidden])``, else None.
         ``input_ids[1, T]`` are fed after the cache's entries under the plain causal mask."""
         native = own_kernels() if layers_module() is not None else None  # not in python_layers()
-        layers = cache.layers
-        if native is None or not fusion_allowed() or input_ids.shape[0] != 1:
+        layers, T = cache.layers, input_ids.shape[1]
+        if native is None or not fusion_allowed() or input_ids.shape[0] != 1 or not self.fusable:
             return None
-        if not all(hasattr(c, "reserve") for c in layers):
+        if not 1 <= T <= native.fused_rows() or not all(hasattr(c, "reserve") for c in layers):
             return None
-        T = input_ids.shape[1]
         past, keys, values = _reserve(layers, 1, T, self.kv_heads, self.head_dim, self.cos)
         cos, sin = self.rotary_rows(past[0], T)
         out = native.fused_forward(
@@ -433,8 +433,10 @@ class PackedForward(PackedLayers):
             self._parts(self.layers, True), keys, values, past, cos, sin,
             self.heads, self.kv_heads, self.head_dim, self.eps,
         )  # fmt: skip
-        if out is not None:
-            _advance(layers, past, T)
+        if out is None:  # the model itself does not fit (biases, fp32 products, its head dim): not
+            self.fusable = False  # worth asking again every step
+            return None
+        _advance(layers, past, T)
         return out
 
     def logits_and_hidden(

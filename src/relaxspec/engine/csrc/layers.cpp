@@ -71,17 +71,32 @@ void vnni_product(const uint16_t* xb, int64_t M, const at::Tensor& vnni, const M
   }
 }
 
-// x float32 [..., in] · Wᵀ (+ bias), W bf16 or int8 (· scale) in VNNI layout -> float32 [..., out],
-// rounded to bf16 as PackedLinear's oneDNN product (bias inside) or Int8Linear's (bias after) is.
+// y [M, out] += bias (any dtype, [out]) row by row; nothing without one.
+void add_bias(float* y, int64_t M, int64_t out, const MaybeTensor& bias) {
+  if (!bias.has_value()) return;
+  const auto b = bias->to(at::kFloat).contiguous();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < out; ++j) y[m * out + j] += b.data_ptr<float>()[j];
+}
+
+// y [M, out] = x [M, in] · Wᵀ (+ bias) on the few-row kernel, xb = bf16(x), W bf16 or int8 (· scale)
+// in VNNI layout; rounded to bf16 as PackedLinear's oneDNN product (bias inside) or Int8Linear's
+// (bias after) is. The one place the kernel's rounding and bias order are decided.
+void own_product(const uint16_t* xb, int64_t M, const at::Tensor& vnni, const MaybeTensor& bias,
+                 const MaybeTensor& scale, int64_t in, int64_t out, float* y) {
+  vnni_product(xb, M, vnni, scale, in, out, y);
+  const bool int8 = vnni.scalar_type() == at::kChar;
+  if (!int8) add_bias(y, M, out, bias);
+  round_to_bf16(y, M * out);
+  if (int8) add_bias(y, M, out, bias);
+}
+
+// x float32 [..., in] · Wᵀ (+ bias) on the few-row kernel (own_product) -> float32 [..., out].
 at::Tensor small_gemm(const at::Tensor& x, const at::Tensor& vnni, const MaybeTensor& bias, const MaybeTensor& scale) {
   const int64_t in = 2 * vnni.size(1), out = 16 * vnni.size(0), M = x.numel() / in;
   auto xb = x.reshape({M, in}).to(at::kBFloat16).contiguous();
   auto y = at::empty({M, out}, x.options().dtype(at::kFloat));
-  vnni_product(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, vnni, scale, in, out, y.data_ptr<float>());
-  const bool int8 = vnni.scalar_type() == at::kChar;
-  if (bias.has_value() && !int8) y.add_(bias->to(at::kFloat));
-  round_to_bf16(y.data_ptr<float>(), M * out);
-  if (bias.has_value() && int8) y.add_(bias->to(at::kFloat));
+  own_product(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, vnni, bias, scale, in, out, y.data_ptr<float>());
   auto shape = x.sizes().vec();
   shape.back() = out;
   return y.view(shape);
@@ -168,11 +183,11 @@ Linear linear_at(const MaybeTensor* p, size_t i) {
 //
 // With one sequence and a few new tokens (a decode step, a verify) every operator between the
 // products touches a few thousand floats, and ATen's dispatch and allocation cost more than the
-// arithmetic; up to a few hundred (a prefill) the plain loops below still measured faster. This path does them in plain loops (RMSNorm, rotary, the cache write, causal
-// attention, SiLU · up, the residual adds) around the products — the few-row kernel up to
-// kSmallRows rows, oneDNN's blocked product past it, on the same bf16-rounded inputs — for
-// bias-free layers whose products all have a VNNI copy (bf16, or int8). The same formulas as the ATen
-// path; float32 rounding differs (RMSNorm's sum of squares, exp, softmax's order), so its numbers
+// arithmetic; up to a few hundred (a prefill) the plain loops still measured faster. This path does
+// them in plain loops (RMSNorm, rotary, the cache write, causal attention, SiLU · up, the residual
+// adds) around the products — the few-row kernel up to kSmallRows rows, oneDNN's blocked product
+// past it, on the same bf16-rounded inputs — for bias-free layers whose products all have a VNNI
+// copy (bf16, or int8). The same formulas as the ATen path; float32 rounding differs (RMSNorm's sum of squares, exp, softmax's order), so its numbers
 // match the other path's to float32 rounding, not bit for bit (tests/test_native.py).
 constexpr int64_t kFusedRows = 256;  // at most this many new tokens run fused (longer: ATen's operators)
 
@@ -195,24 +210,14 @@ void product_rows(const float* x, int64_t T, const Linear& lin, float* y, Scratc
   s.xb.resize(own ? T * in : 0);
   auto* xp = own ? s.xb.data() : reinterpret_cast<uint16_t*>(xb.data_ptr());
   to_bf16_rows(x, T * in, xp);
-  const auto bias =
-      lin.bias.has_value() ? std::optional<at::Tensor>(lin.bias->to(at::kFloat).contiguous()) : std::nullopt;
-  auto add_bias = [&]() {
-    if (!bias.has_value()) return;
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < out; ++j) y[t * out + j] += bias->data_ptr<float>()[j];
-  };
   if (own) {
-    vnni_product(xp, T, *lin.vnni, lin.scale, in, out, y);
-    if (!int8) add_bias();
-    round_to_bf16(y, T * out);
-    if (int8) add_bias();
+    own_product(xp, T, *lin.vnni, lin.bias, lin.scale, in, out, y);
     return;
   }
   if (int8) {
     auto yb = at::_weight_int8pack_mm(xb, lin.weight, *lin.scale).contiguous();  // bf16 [T, out]
     from_bf16_rows(reinterpret_cast<const uint16_t*>(yb.data_ptr()), T * out, y);
-    add_bias();
+    add_bias(y, T, out, lin.bias);  // after the rounding, as Int8Linear adds it
     return;
   }
   auto yb = onednn_product(xb, lin.weight, lin.bias).contiguous();  // bf16 [T, out]
@@ -397,5 +402,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return attend(q, k, v, mask, gqa);
   }, "PackedLayers' attention: the decode kernel where it fits, else torch's");
   m.def("small_rows", []() { return kSmallRows; }, "the most input rows the few-row kernel takes");
+  m.def("fused_rows", []() { return kFusedRows; }, "the most new tokens a forward runs fused");
   m.def("fused_steps", []() { return fused_steps.load(); }, "forwards run fused so far");
 }
