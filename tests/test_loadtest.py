@@ -19,8 +19,10 @@ from relaxspec.serve.loadtest import (
     LoadtestConfig,
     Prompt,
     RequestRecord,
+    baseline_of,
     percentile,
     print_table,
+    repeat_speedups,
     run_loadtest,
     speedups,
     summarize,
@@ -80,6 +82,15 @@ def test_speedups_relative_to_ar_at_the_same_concurrency():
     levels = [_level("ar", 1, 10), _level("nsd", 1, 32), _level("ar", 32, 100), _level("nsd", 32, 160)]
     levels.append(_level("nsd", 8, 50))  # no ar at C=8: no ratio
     assert speedups(levels) == {"nsd": {1: pytest.approx(3.2), 32: pytest.approx(1.6)}}
+
+
+def test_a_vllm_only_load_test_is_relative_to_vllm_ar():
+    levels = [_level("sdd", 1, 30), _level("vllm-ar", 1, 20), _level("vllm-sd", 1, 25)]
+    assert baseline_of(levels) == "vllm-ar"
+    assert speedups(levels, baseline_of(levels)) == {"sdd": {1: 1.5}, "vllm-sd": {1: 1.25}}
+    assert baseline_of([*levels, _level("ar", 1, 10)]) == "ar"
+    levels[0].repeat_throughputs, levels[1].repeat_throughputs = [30.0, 27.0], [20.0, 18.0]
+    assert repeat_speedups(levels, "vllm-ar") == {"sdd": {"1": [1.5, 1.5]}}
 
 
 @pytest.mark.parametrize(

@@ -236,6 +236,29 @@ def test_diffusion_drafter_follows_vllms_batch_size_schedule(sdd_scheduled, targ
 
 
 @pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
+def test_steps_without_drafts_skip_the_acceptance_step_unless_a_row_is_seeded(sdd_scheduled, monkeypatch):
+    """At K = 0 (one request under the schedule) a greedy request samples as vLLM without
+    speculation does, never entering the acceptance step; a seeded one keeps it at every step (it
+    draws from the request's generator, so skipping it would make the text depend on the batch)."""
+    from vllm.v1.sample import rejection_sampler
+
+    calls: list[int] = []  # the most drafts of a row, per acceptance step
+    inner = rejection_sampler.rejection_sample
+
+    def counted(draft_token_ids, num_draft_tokens, *args, **kwargs):
+        calls.append(max(num_draft_tokens))
+        return inner(draft_token_ids, num_draft_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(rejection_sampler, "rejection_sample", counted)
+    sdd_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)
+    assert calls == []
+    first = sdd_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS, temperature=1.0, seed=3)[0]
+    assert 0 in calls  # its prefill step, without drafts, still went through the acceptance step
+    again = sdd_scheduled.generate(PROMPTS[:4], max_new_tokens=TOKENS, temperature=1.0, seed=3)[0]
+    assert again.tokens == first.tokens  # drafting rows beside it change nothing
+
+
+@pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_strict_sdd_token_identical_to_target_ar(sdd, target_ar):
     results = sdd.generate(PROMPTS, max_new_tokens=TOKENS)
     tokens = [_strip(r.tokens) for r in results]

@@ -155,6 +155,15 @@ def summarize(
     )
 
 
+BASELINES = ("ar", "vllm-ar")  # the speed-up's reference, the first of these measured
+
+
+def baseline_of(levels: Sequence[LevelResult]) -> str:
+    """``ar`` when it was measured, else ``vllm-ar`` (a load test of vLLM servers only)."""
+    measured = {lv.method for lv in levels}
+    return next((b for b in BASELINES if b in measured), BASELINES[0])
+
+
 def speedups(levels: Sequence[LevelResult], baseline: str = "ar") -> dict[str, dict[int, float | None]]:
     """Throughput relative to ``baseline`` at the same concurrency, per other method."""
     base = {lv.concurrency: lv.throughput for lv in levels if lv.method == baseline}
@@ -436,11 +445,15 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
             runs = rates[concurrency][method]
             level.repeat_throughputs = runs if len(runs) > 1 else []
             levels.append(level)
+    baseline = baseline_of(levels)
     return {
         "config": {**asdict(config), "api_key": "(set)" if config.api_key else None},  # never the key
         "levels": [asdict(lv) for lv in levels],
-        "speedup": {m: {str(c): v for c, v in by_c.items()} for m, by_c in speedups(levels).items()},
-        "speedup_per_repeat": repeat_speedups(levels),
+        "baseline": baseline,
+        "speedup": {
+            m: {str(c): v for c, v in by_c.items()} for m, by_c in speedups(levels, baseline).items()
+        },
+        "speedup_per_repeat": repeat_speedups(levels, baseline),
         "failed": sum(lv.failed for lv in levels),
     }
 
@@ -493,7 +506,8 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="relaxspec load test (latencies in ms)")
+    baseline = report.get("baseline", "ar")
+    table = Table(title=f"relaxspec load test (latencies in ms; speed-up vs {baseline}, per-repeat range)")
     columns = ("method", "C", "req", "failed", "tok/s", "speedup", "τ")
     for col in (*columns, "lat p50", "lat p99", "TTFT p50", "TTFT p99"):
         table.add_column(col, justify="right", no_wrap=True)

@@ -20,6 +20,7 @@ from relaxspec.errors import RelaxSpecError
 from relaxspec.eval.evaluate import heldout_losses
 from relaxspec.models import load_model
 from relaxspec.train.cards import write_card
+from relaxspec.train.grow import grow_state_dict
 from relaxspec.train.loop import (
     TrainConfig,
     TrainState,
@@ -49,6 +50,11 @@ PRESETS: dict[str, ModelPreset] = {
     # ~19M parameters; 10 layers deep so that one forward costs >= 8 draft forwards on a CPU.
     "target": ModelPreset(
         384, 10, 1024, 6, train={"steps": 2000, "batch_size": 24, "lr": 1e-3, "warmup": 150}
+    ),
+    # ~26M parameters: the target grown to 14 layers (``--init`` from a 10-layer target, train/grow.py)
+    # for more capacity at the same width, when the 10-layer one plateaus on held-out math.
+    "target-deep": ModelPreset(
+        384, 14, 1024, 6, train={"steps": 2000, "batch_size": 24, "lr": 2e-4, "warmup": 50}
     ),
     # ~1.8M parameters, one layer, 256 wide: the cheap draft and ProVe's small verifier. On a CPU a
     # forward this small is bound by overhead and by the bytes of weights read (mostly the 4096-row
@@ -181,8 +187,12 @@ def export_checkpoint(
 
 
 def _load_initial_weights(model: LlamaForCausalLM, init: str | Path) -> None:
+    """Copy ``init``'s weights into ``model``; a shallower source of the same width is grown."""
     source = load_model(init).model
     mine, theirs = model.state_dict(), source.state_dict()
+    n_mine, n_theirs = model.config.num_hidden_layers, source.config.num_hidden_layers
+    if n_theirs < n_mine:
+        theirs = grow_state_dict(theirs, n_theirs, n_mine)
     shapes = {name: tuple(t.shape) for name, t in mine.items()}
     if {name: tuple(t.shape) for name, t in theirs.items() if name in shapes} != shapes:
         raise RelaxSpecError(f"{init} does not match this preset's architecture and vocabulary; cannot init")
@@ -212,7 +222,8 @@ def train_ar(
     ``mixture`` overrides the sources' sampling weights (default :data:`MIXTURE`), e.g. more code
     for a drafter meant for code prompts; resuming with other weights continues from the
     checkpoint on the new mixture. ``init``: a model directory of the same preset and tokenizer
-    whose weights the run starts from (fine-tuning; a checkpoint in ``run_dir`` still wins).
+    whose weights the run starts from (fine-tuning; a checkpoint in ``run_dir`` still wins), or of
+    the same width and fewer layers, grown to the preset's depth (:mod:`relaxspec.train.grow`).
     """
     preset = _preset(preset_name)
     tokenizer = load_tokenizer(tokenizer_dir)

@@ -140,6 +140,10 @@ def propose_draft_token_ids(self: Any, *args: Any, **kw: Any) -> Any:
     scheduler_output = args[0] if args else kw.get("scheduler_output")
     # vLLM passes the step's draft length (its batch-size schedule) to its own proposers only
     drafter.bind(self, getattr(scheduler_output, "num_spec_tokens_to_schedule", None))
+    if drafter.k_now == 0:  # the batch-size schedule drafts nothing this step: nothing to call
+        self._draft_probs = self._draft_prob_req_ids = None
+        sampled = args[1] if len(args) > 1 else kw["sampled_token_ids"]
+        return [[] for _ in sampled]
     drafts = propose(self, *args, **kw)
     probs = drafter.take_last_draft_probs()
     if probs is not None:
@@ -204,12 +208,25 @@ def reseed_drafts(next_ids: Any, probs: Any, sampling_metadata: Any) -> Any:
 
 def sample_with_row_rules(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
     """vLLM's ``_sample`` with each row's rule (its request's ``extra_args``) made known to the
-    acceptance step, and a fused block drafter's next blocks handed back to it."""
+    acceptance step, and a fused block drafter's next blocks handed back to it.
+
+    A step in which no row has drafts (a batch-size schedule of K at 0, or every row just
+    prefilled) and no row has its own generator takes vLLM's plain sampler, as without
+    speculation: with zero drafts the acceptance step would only sample each row's bonus token
+    from the same logits, through the rejection sampler's extra work. Seeded rows keep the
+    acceptance step, which draws once from their generators even without drafts: their text must
+    not depend on whether the rest of the batch drafted.
+    """
     sample = original(f"{RUNNER}._sample")
     if spec_decode_metadata is None:
         return sample(self, logits, spec_decode_metadata)
-    rejection.set_row_choices(rejection.choices_for_runner(self))
     fused_mask = getattr(getattr(self, "drafter", None), "fused_mask_id", None)
+    if spec_decode_metadata.max_spec_len == 0 and not self.input_batch.sampling_metadata.generators:
+        out = sample(self, logits, None)
+        if fused_mask is not None:  # no next blocks were drawn this step
+            self.drafter.receive({}, self.input_batch.req_ids)
+        return out
+    rejection.set_row_choices(rejection.choices_for_runner(self))
     rejection.set_fused_mask(fused_mask)
     try:
         out = sample(self, logits, spec_decode_metadata)
