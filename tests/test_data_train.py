@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -251,3 +252,21 @@ def test_init_starts_from_a_model_and_refuses_another_architecture(corpus, token
     assert any(not torch.allclose(w, tuned.state_dict()[n], atol=1e-2) for n, w in fresh.state_dict().items())
     with pytest.raises(RelaxSpecError, match="cannot init"):
         run("bad", preset="draft", init=tmp_path / "m")
+
+
+@pytest.mark.slow  # builds a corpus or trains a model
+def test_init_from_a_shallower_model_of_the_same_width_grows_it(corpus, tokenizer_dir, tmp_path, monkeypatch):
+    from relaxspec.train import ar
+
+    deeper = dataclasses.replace(ar.PRESETS["tiny"], num_hidden_layers=3)
+    monkeypatch.setitem(ar.PRESETS, "tiny-deep", deeper)
+    overrides = {"steps": 1, "batch_size": 2, "seq_len": 32, "lr": 1e-12, "warmup": 0}
+    train_ar("tiny", corpus, tokenizer_dir, tmp_path / "a", tmp_path / "m", {**overrides, "lr": 0.05}, False)
+    grown, _ = train_ar(
+        "tiny-deep", corpus, tokenizer_dir, tmp_path / "b", None, overrides, False, init=tmp_path / "m"
+    )
+    assert grown.config.num_hidden_layers == 3
+    source = load_model(tmp_path / "m").model.float().eval()
+    ids = torch.randint(0, 300, (2, 12))
+    with torch.no_grad():  # lr ~ 0: still the source's function
+        torch.testing.assert_close(grown.float().eval()(ids).logits, source(ids).logits, atol=1e-3, rtol=0)
