@@ -688,3 +688,22 @@ def test_counters_that_cannot_be_written_never_stop_the_engine(tmp_path, monkeyp
     monkeypatch.setenv(rejection.ENV_STATS_DIR, str(tmp_path))
     rejection._flush()
     assert (tmp_path / f"{os.getpid()}.json").exists()
+
+
+def test_the_engine_core_fetches_no_drafts_after_a_step_at_k_zero(monkeypatch):
+    from types import SimpleNamespace
+
+    from relaxspec.integrations.vllm import hooks
+
+    calls = []
+    monkeypatch.setitem(
+        hooks._originals, f"{hooks.CORE}.post_step", lambda core, executed: calls.append(executed)
+    )
+    for k, fetched in [(0, []), (4, [True]), (None, [True])]:  # None: no batch-size schedule
+        calls.clear()
+        core = SimpleNamespace(scheduler=SimpleNamespace(relaxspec_step_k=k))
+        hooks.post_step_without_empty_drafts(core, True)
+        assert calls == fetched
+    calls.clear()
+    hooks.post_step_without_empty_drafts(SimpleNamespace(scheduler=SimpleNamespace()), False)
+    assert calls == [False]  # a scheduler the hook never saw: vLLM's own post_step
