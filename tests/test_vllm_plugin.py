@@ -701,9 +701,13 @@ def test_the_engine_core_fetches_no_drafts_after_a_step_at_k_zero(monkeypatch):
     )
     for k, fetched in [(0, []), (4, [True]), (None, [True])]:  # None: no batch-size schedule
         calls.clear()
-        core = SimpleNamespace(scheduler=SimpleNamespace(relaxspec_step_k=k))
+        core = SimpleNamespace(scheduler=SimpleNamespace(relaxspec_step_k=k), batch_queue=None)
         hooks.post_step_without_empty_drafts(core, True)
         assert calls == fetched
+    calls.clear()  # with a batch queue the last schedule may not be the step that ran: always fetch
+    queued = SimpleNamespace(scheduler=SimpleNamespace(relaxspec_step_k=0), batch_queue=[object()])
+    hooks.post_step_without_empty_drafts(queued, True)
+    assert calls == [True]
     calls.clear()
     hooks.post_step_without_empty_drafts(SimpleNamespace(scheduler=SimpleNamespace()), False)
     assert calls == [False]  # a scheduler the hook never saw: vLLM's own post_step

@@ -32,9 +32,8 @@ def layer_sources(n_source: int, n_grown: int) -> list[tuple[int, bool]]:
     if not 0 < n_source <= n_grown <= 2 * n_source:
         raise RelaxSpecError(f"cannot grow {n_source} layers into {n_grown} (at most doubling)")
     extra = n_grown - n_source
+    # distinct while extra <= n_source: consecutive points lie >= 1 apart, or (doubling) at i + 1 - ε
     after = {math.ceil((i + 1) * n_source / (extra + 1)) - 1 for i in range(extra)}
-    if len(after) < extra:  # more copies than spaced slots: copy every layer from the last back
-        after = set(range(n_source - 1, n_source - 1 - extra, -1))
     plan: list[tuple[int, bool]] = []
     for layer in range(n_source):
         plan.append((layer, False))

@@ -92,8 +92,9 @@ def post_step_without_empty_drafts(self: Any, model_executed: bool) -> Any:
     """vLLM's ``EngineCore.post_step``, except after a step whose draft length was 0 (a batch-size
     schedule at K = 0): every proposer then drafted nothing and the scheduler has already cleared
     each request's drafts, so fetching the empty drafts from the worker (a round trip to its
-    process per step) is skipped."""
-    if getattr(self.scheduler, "relaxspec_step_k", None) == 0:
+    process per step) is skipped. Only where each step is scheduled, run and finished in turn (no
+    batch queue: with one, the last schedule need not be the step that just ran)."""
+    if getattr(self, "batch_queue", None) is None and getattr(self.scheduler, "relaxspec_step_k", None) == 0:
         return None
     return original(f"{CORE}.post_step")(self, model_executed)
 
