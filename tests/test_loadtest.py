@@ -24,6 +24,7 @@ from relaxspec.serve.loadtest import (
     print_table,
     repeat_speedups,
     run_loadtest,
+    speedup_intervals,
     speedups,
     summarize,
     write_report,
@@ -91,6 +92,44 @@ def test_a_vllm_only_load_test_is_relative_to_vllm_ar():
     assert baseline_of([*levels, _level("ar", 1, 10)]) == "ar"
     levels[0].repeat_throughputs, levels[1].repeat_throughputs = [30.0, 27.0], [20.0, 18.0]
     assert repeat_speedups(levels, "vllm-ar") == {"sdd": {"1": [1.5, 1.5]}}
+
+
+def _runs(method: str, tokens: list[int], seconds: list[float]) -> LevelResult:
+    level = _level(method, 8, sum(tokens) / sum(seconds))
+    level.repeat_tokens, level.repeat_seconds = tokens, seconds
+    level.repeat_throughputs = [t / s for t, s in zip(tokens, seconds, strict=True)]
+    return level
+
+
+def test_speedup_intervals_pool_the_runs_and_leave_whole_server_sets_out():
+    """The interval's estimate is the pooled speedup; with server sets, a set is left out whole,
+    so a set-to-set offset widens the interval that runs within one set cannot see."""
+    base = _runs("vllm-ar", [512] * 4, [1.0, 1.0, 1.0, 1.0])
+    # the method's two server sets differ by 10 %; the two repeats within each set agree closely
+    sdd = _runs("sdd", [512] * 4, [1.0, 1.01, 1.1, 1.11])
+    by_run = speedup_intervals([sdd, base], "vllm-ar")["sdd"]["8"]
+    by_set = speedup_intervals([sdd, base], "vllm-ar", runs_per_set=2)["sdd"]["8"]
+    pooled = speedups([sdd, base], "vllm-ar")["sdd"][8]
+    assert by_run["estimate"] == pytest.approx(pooled) == pytest.approx(by_set["estimate"])
+    assert by_run["low"] < pooled < by_run["high"] and by_set["low"] < pooled < by_set["high"]
+    assert by_set["clusters"] == 2 and by_set["high"] - by_set["low"] > by_run["high"] - by_run["low"]
+    # one run per cell, or a baseline measured a different number of times: no interval
+    assert speedup_intervals([_runs("sdd", [5], [1.0]), _runs("vllm-ar", [5], [1.0])], "vllm-ar") == {}
+    assert speedup_intervals([sdd, _runs("vllm-ar", [5, 5], [1.0, 1.0])], "vllm-ar") == {}
+
+
+def test_speedup_intervals_cover_the_true_ratio_on_simulated_runs():
+    """Runs with a true ratio of 1.0 and 5 % lognormal noise per run, 4 sets of 2 repeats: the
+    interval holds 1.0 in close to 95 % of 400 simulated load tests."""
+    rng = np.random.default_rng(3)
+    hits = 0
+    for _ in range(400):
+        set_offset = np.repeat(rng.normal(0, 0.03, size=4), 2)  # each set of servers its own speed
+        seconds = np.exp(set_offset + rng.normal(0, 0.05, size=8))
+        base, sdd = _runs("vllm-ar", [640] * 8, [1.0] * 8), _runs("sdd", [640] * 8, list(seconds))
+        iv = speedup_intervals([sdd, base], "vllm-ar", runs_per_set=2)["sdd"]["8"]
+        hits += iv["low"] <= 1.0 <= iv["high"]
+    assert 0.90 <= hits / 400 <= 0.99
 
 
 @pytest.mark.parametrize(
@@ -173,8 +212,10 @@ def test_repeats_run_in_abba_order_and_pool_per_level(server_url, capsys):
     ratios = report["speedup_per_repeat"]["nsd"]["2"]
     want = [n / a for n, a in zip(nsd["repeat_throughputs"], ar["repeat_throughputs"], strict=True)]
     assert ratios == pytest.approx(want)
+    iv = report["speedup_interval"]["nsd"]["2"]
+    assert iv["estimate"] == pytest.approx(report["speedup"]["nsd"]["2"]) and iv["n"] == 2
     print_table(report)
-    assert "–" in capsys.readouterr().out  # the per-repeat range beside the pooled ratio
+    assert f"[{iv['low']:.2f}–{iv['high']:.2f}]" in capsys.readouterr().out  # the interval beside the ratio
 
 
 def test_server_sets_spawn_fresh_servers_and_pool_them(server_url, monkeypatch):
@@ -209,6 +250,7 @@ def test_server_sets_spawn_fresh_servers_and_pool_them(server_url, monkeypatch):
     ]  # fmt: skip
     assert all(lv["requests"] == 4 and len(lv["repeat_throughputs"]) == 2 for lv in report["levels"])
     assert len(report["speedup_per_repeat"]["nsd"]["2"]) == 2 and report["failed"] == 0
+    assert set(report["speedup_interval"]["nsd"]) == {"1", "2"}  # one run per set: two sets to leave out
 
 
 def test_fixed_length_requests(server_url):

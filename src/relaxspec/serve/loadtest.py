@@ -12,6 +12,9 @@ Methods are measured either as per-request overrides (``"relaxspec": {"method": 
 one running server, or (``spawn``) on one server subprocess per method, started on free loopback
 ports and stopped at the end. Levels are interleaved across methods so that a drift of the
 machine's speed hits every method alike; speedup = throughput / ``ar`` throughput at the same C.
+With several runs per cell (``repeats``, ``server_sets``) the speedup gets a 95 % interval: the
+jackknife of ``eval.intervals.speed_ratio`` over the paired runs, whole server sets left out
+together when there are several (a server process carries its own speed offset).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import httpx
 
 from relaxspec.engine.stats import tau
 from relaxspec.errors import RelaxSpecError, check_int
+from relaxspec.eval.intervals import speed_ratio
 from relaxspec.serve import API_KEY_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -78,6 +82,8 @@ class LevelResult:
     tau: float | None
     errors: list[str] = field(default_factory=list)  # the first few distinct messages
     repeat_throughputs: list[float] = field(default_factory=list)  # tok/s of each repeat (--repeats)
+    repeat_tokens: list[int] = field(default_factory=list)  # completion tokens of each repeat
+    repeat_seconds: list[float] = field(default_factory=list)  # wall seconds of each repeat
 
 
 @dataclass
@@ -411,7 +417,9 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
         c: {m: [] for m in methods} for c in config.concurrency
     }
     walls = {c: dict.fromkeys(methods, 0.0) for c in config.concurrency}
-    rates = {c: {m: [] for m in methods} for c in config.concurrency}  # tok/s per repeat (and set)
+    runs: dict[int, dict[str | None, list[LevelResult]]] = {
+        c: {m: [] for m in methods} for c in config.concurrency
+    }  # one summary per repeat (and server set), in the order they ran
     # A server process carries its own speed offset (two identical `ar` servers differ: see
     # docs/performance.md §6), so several sets of fresh processes average it out.
     for server_set in range(config.server_sets):
@@ -433,7 +441,7 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
                         done, wall = asyncio.run(
                             run_level(urls[method], prompts, config, concurrency, _override(config, method))
                         )
-                        rates[concurrency][method].append(summarize(name, concurrency, done, wall).throughput)
+                        runs[concurrency][method].append(summarize(name, concurrency, done, wall))
                         records[concurrency][method] += done
                         walls[concurrency][method] += wall
     levels: list[LevelResult] = []
@@ -442,10 +450,13 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
             level = summarize(
                 method or "default", concurrency, records[concurrency][method], walls[concurrency][method]
             )
-            runs = rates[concurrency][method]
-            level.repeat_throughputs = runs if len(runs) > 1 else []
+            if len(each := runs[concurrency][method]) > 1:
+                level.repeat_throughputs = [r.throughput for r in each]
+                level.repeat_tokens = [r.completion_tokens for r in each]
+                level.repeat_seconds = [r.wall_seconds for r in each]
             levels.append(level)
     baseline = baseline_of(levels)
+    sets = config.repeats if config.server_sets > 1 else None
     return {
         "config": {**asdict(config), "api_key": "(set)" if config.api_key else None},  # never the key
         "levels": [asdict(lv) for lv in levels],
@@ -454,6 +465,7 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
             m: {str(c): v for c, v in by_c.items()} for m, by_c in speedups(levels, baseline).items()
         },
         "speedup_per_repeat": repeat_speedups(levels, baseline),
+        "speedup_interval": speedup_intervals(levels, baseline, sets),
         "failed": sum(lv.failed for lv in levels),
     }
 
@@ -476,6 +488,34 @@ def repeat_speedups(levels: Sequence[LevelResult], baseline: str = "ar") -> dict
             continue
         ratios = [x / r for x, r in zip(lv.repeat_throughputs, ref, strict=True) if r > 0]
         out.setdefault(lv.method, {})[str(lv.concurrency)] = ratios
+    return out
+
+
+def speedup_intervals(
+    levels: Sequence[LevelResult], baseline: str = "ar", runs_per_set: int | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per method and concurrency, the speedup over ``baseline`` with its 95 % interval
+    (:func:`~relaxspec.eval.intervals.speed_ratio`: total tokens over total seconds, jackknife of
+    the log ratio over the paired runs of the cell). ``runs_per_set`` (the repeats of one server
+    set, when there were several sets) leaves a whole set out at a time, so the interval covers
+    the offset a set of server processes carries. Cells with fewer than two runs (or two sets)
+    have none."""
+    base = {lv.concurrency: lv for lv in levels if lv.method == baseline}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for lv in levels:
+        ref = base.get(lv.concurrency)
+        if lv.method == baseline or ref is None or len(ref.repeat_tokens) != len(lv.repeat_tokens):
+            continue
+        n = len(lv.repeat_tokens)
+        clusters = [i // runs_per_set for i in range(n)] if runs_per_set else None
+        try:
+            iv = speed_ratio(
+                lv.repeat_tokens, lv.repeat_seconds, ref.repeat_tokens, ref.repeat_seconds, clusters
+            )
+        except RelaxSpecError:  # no run of one side produced a token: no ratio to bound
+            iv = None
+        if iv is not None:
+            out.setdefault(lv.method, {})[str(lv.concurrency)] = iv.to_dict()
     return out
 
 
@@ -507,15 +547,21 @@ def print_table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     baseline = report.get("baseline", "ar")
-    table = Table(title=f"relaxspec load test (latencies in ms; speed-up vs {baseline}, per-repeat range)")
+    legend = "[95 % interval] or (per-repeat range)"
+    title = f"relaxspec load test (latencies in ms; speed-up vs {baseline} {legend})"
+    table = Table(title=title)
     columns = ("method", "C", "req", "failed", "tok/s", "speedup", "τ")
     for col in (*columns, "lat p50", "lat p99", "TTFT p50", "TTFT p99"):
         table.add_column(col, justify="right", no_wrap=True)
     speedup, per_repeat = report["speedup"], report.get("speedup_per_repeat", {})
+    intervals = report.get("speedup_interval", {})
     for lv in report["levels"]:
         ratio = speedup.get(lv["method"], {}).get(str(lv["concurrency"]))
         repeats = per_repeat.get(lv["method"], {}).get(str(lv["concurrency"]))
+        iv = intervals.get(lv["method"], {}).get(str(lv["concurrency"]))
         spread = f" ({min(repeats):.2f}–{max(repeats):.2f})" if repeats else ""  # per-repeat range
+        if iv is not None:
+            spread = f" [{iv['low']:.2f}–{iv['high']:.2f}]"
         table.add_row(
             lv["method"],
             str(lv["concurrency"]),
