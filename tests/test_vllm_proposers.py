@@ -205,8 +205,16 @@ def fused_scheduled():
 def test_fused_seam_follows_vllms_batch_size_schedule(fused_scheduled, block_ar):
     """The schedule's values are block sizes (vLLM counts 2B − 1 slots): one request decodes AR,
     a batch of four drafts; both token-identical to the block model's AR."""
-    solo = fused_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)[0]
-    assert solo.stats["tau"] == 1.0
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    metadata: list[int] = []  # steps prepared with spec-decode metadata
+    build = GPUModelRunner._calc_spec_decode_metadata
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            GPUModelRunner, "_calc_spec_decode_metadata", lambda *a: metadata.append(1) or build(*a)
+        )
+        solo = fused_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)[0]
+    assert solo.stats["tau"] == 1.0 and metadata == []  # at K = 0 prepared as without speculation
     batch = fused_scheduled.generate(PROMPTS[:4], max_new_tokens=TOKENS)
     assert max(r.stats["tau"] for r in batch) > 1.5
     want = block_ar.generate([PROMPTS[0], *PROMPTS[:4]], max_new_tokens=TOKENS)
@@ -237,10 +245,12 @@ def test_diffusion_drafter_follows_vllms_batch_size_schedule(sdd_scheduled, targ
 
 @pytest.mark.slow  # starts vLLM engines (or a relaxspec process or server)
 def test_steps_without_drafts_skip_the_acceptance_step_unless_a_row_is_seeded(sdd_scheduled, monkeypatch):
-    """At K = 0 (one request under the schedule) a greedy request samples as vLLM without
-    speculation does, never entering the acceptance step; a seeded one keeps it at every step (it
-    draws from the request's generator, so skipping it would make the text depend on the batch)."""
+    """At K = 0 (one request under the schedule) a greedy request is prepared and sampled as vLLM
+    without speculation does: no spec-decode metadata, never the acceptance step. A seeded one
+    keeps both at every step (it draws from the request's generator, so skipping it would make
+    the text depend on the batch)."""
     from vllm.v1.sample import rejection_sampler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     calls: list[int] = []  # the most drafts of a row, per acceptance step
     inner = rejection_sampler.rejection_sample
@@ -249,9 +259,17 @@ def test_steps_without_drafts_skip_the_acceptance_step_unless_a_row_is_seeded(sd
         calls.append(max(num_draft_tokens))
         return inner(draft_token_ids, num_draft_tokens, *args, **kwargs)
 
+    metadata: list[int] = []  # rows of each step prepared with spec-decode metadata
+    build = GPUModelRunner._calc_spec_decode_metadata
+
+    def built(self, num_draft_tokens, *args, **kwargs):
+        metadata.append(len(num_draft_tokens))
+        return build(self, num_draft_tokens, *args, **kwargs)
+
     monkeypatch.setattr(rejection_sampler, "rejection_sample", counted)
+    monkeypatch.setattr(GPUModelRunner, "_calc_spec_decode_metadata", built)
     sdd_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)
-    assert calls == []
+    assert calls == [] and metadata == []
     first = sdd_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS, temperature=1.0, seed=3)[0]
     assert 0 in calls  # its prefill step, without drafts, still went through the acceptance step
     again = sdd_scheduled.generate(PROMPTS[:4], max_new_tokens=TOKENS, temperature=1.0, seed=3)[0]

