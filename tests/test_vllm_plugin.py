@@ -711,3 +711,39 @@ def test_the_engine_core_fetches_no_drafts_after_a_step_at_k_zero(monkeypatch):
     calls.clear()
     hooks.post_step_without_empty_drafts(SimpleNamespace(scheduler=SimpleNamespace()), False)
     assert calls == [False]  # a scheduler the hook never saw: vLLM's own post_step
+
+
+def test_our_proposers_k_drops_at_once_and_rises_after_a_held_small_batch(monkeypatch):
+    """Under a batch-size schedule (K 8 up to 4 requests, 0 beyond), our proposers' K follows a
+    growing batch at once but comes back only after K_HOLD_STEPS steps of a small batch; vLLM's
+    own proposers and steps at a fixed K keep vLLM's K."""
+    from types import SimpleNamespace
+
+    from relaxspec.integrations.vllm import hooks
+
+    lookup = [0, 8, 8, 8, 8, *[0] * 60]
+    batches = iter([2, 2, 16, 16, *[3] * hooks.K_HOLD_STEPS])
+
+    def schedule(sched):  # vLLM's schedule: K from the lookup at the step's batch size
+        n = next(batches)
+        k = sched.dynamic_sd_lookup[n] if sched.dynamic_sd_lookup is not None else 8
+        return SimpleNamespace(num_scheduled_tokens=dict.fromkeys(range(n), 1), num_spec_tokens_to_schedule=k)
+
+    monkeypatch.setitem(hooks._originals, f"{hooks.SCHEDULER}.schedule", schedule)
+    method = SimpleNamespace(method="custom_class")
+    sched = SimpleNamespace(
+        dynamic_sd_lookup=lookup,
+        running=[],
+        waiting=[],
+        vllm_config=SimpleNamespace(speculative_config=method),
+    )
+    ks = [hooks.schedule_fixed_k(sched).num_spec_tokens_to_schedule for _ in range(hooks.K_HOLD_STEPS + 4)]
+    # the batch shrinks back to 3 at the fifth step; K returns once no step at K = 0 is in the window
+    assert ks == [8, 8, 0, 0, *[0] * (hooks.K_HOLD_STEPS - 1), 8]
+    assert sched.relaxspec_step_k == 8
+    sched.running, batches = [SimpleNamespace(_relaxspec_fixed_k=True)], iter([16, 2])
+    assert [hooks.schedule_fixed_k(sched).num_spec_tokens_to_schedule for _ in range(2)] == [8, 8]
+    sched.running = []  # a step at the fixed K is no step of the schedule: the window is unchanged
+    method.method = "draft_model"  # vLLM's own proposer: vLLM's K, step by step
+    batches = iter([2, 16, 3])
+    assert [hooks.schedule_fixed_k(sched).num_spec_tokens_to_schedule for _ in range(3)] == [8, 0, 8]

@@ -14,6 +14,7 @@ models also get a validator on ``vllm_xargs`` (:func:`.rules.check_request_model
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import threading
@@ -72,11 +73,13 @@ def schedule_fixed_k(self: Any, *args: Any, **kw: Any) -> Any:
     requests calls for, so a request's K would follow what else is in flight. A seeded or greedy
     request whose output K can change (:func:`request_needs_fixed_k`) reproduces only at a fixed K:
     while one is waiting or running, every step drafts the configured K — as our engine keeps
-    such a request at the method's k (docs/server.md, "Reproducibility").
+    such a request at the method's k (docs/server.md, "Reproducibility"). For our proposers the
+    schedule's K rises only after a few steps of a small batch (:func:`held_k`).
     """
     schedule = original(f"{SCHEDULER}.schedule")
     lookup = getattr(self, "dynamic_sd_lookup", None)
-    if lookup is None or not any(request_needs_fixed_k(r) for r in (*self.running, *self.waiting)):
+    fixed = lookup is not None and any(request_needs_fixed_k(r) for r in (*self.running, *self.waiting))
+    if not fixed:
         out = schedule(self, *args, **kw)
     else:
         self.dynamic_sd_lookup = None  # vLLM's static K for this step
@@ -84,8 +87,34 @@ def schedule_fixed_k(self: Any, *args: Any, **kw: Any) -> Any:
             out = schedule(self, *args, **kw)
         finally:
             self.dynamic_sd_lookup = lookup
-    self.relaxspec_step_k = getattr(out, "num_spec_tokens_to_schedule", None)  # read by post_step
+    k = getattr(out, "num_spec_tokens_to_schedule", None)
+    if lookup is not None and not fixed and k is not None and out.num_scheduled_tokens and _custom(self):
+        k = out.num_spec_tokens_to_schedule = held_k(self, k)
+    self.relaxspec_step_k = k  # read by post_step
     return out
+
+
+K_HOLD_STEPS = 8  # under a batch-size schedule our proposers' K rises only after this many steps
+
+
+def held_k(scheduler: Any, k: int) -> int:
+    """This step's K under a batch-size schedule for our proposers: the least K of the last
+    :data:`K_HOLD_STEPS` scheduled steps (this one's ``k`` included), so K drops at once when the
+    batch grows but rises only once the batch has stayed small. Between two waves of requests the
+    batch dips for a step or two while clients send their next requests; following the dip, a
+    drafter with its own cache (the diffusion drafter) would first catch up every new request's
+    whole context, for drafts that stop again a step later."""
+    recent = getattr(scheduler, "relaxspec_recent_k", None)
+    if recent is None:
+        recent = scheduler.relaxspec_recent_k = collections.deque(maxlen=K_HOLD_STEPS)
+    recent.append(int(k))
+    return min(recent)
+
+
+def _custom(scheduler: Any) -> bool:
+    """Whether the engine drafts with a custom proposer class (ours; vLLM's own keep vLLM's K)."""
+    spec = getattr(getattr(scheduler, "vllm_config", None), "speculative_config", None)
+    return getattr(spec, "method", None) == "custom_class"
 
 
 def post_step_without_empty_drafts(self: Any, model_executed: bool) -> Any:
