@@ -413,13 +413,9 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
     if not prompts:
         raise RelaxSpecError("the load test needs at least one prompt")
     methods: list[str | None] = list(config.methods) or [None]
-    records: dict[int, dict[str | None, list[RequestRecord]]] = {
+    runs: dict[int, dict[str | None, list[tuple[list[RequestRecord], float]]]] = {
         c: {m: [] for m in methods} for c in config.concurrency
-    }
-    walls = {c: dict.fromkeys(methods, 0.0) for c in config.concurrency}
-    runs: dict[int, dict[str | None, list[LevelResult]]] = {
-        c: {m: [] for m in methods} for c in config.concurrency
-    }  # one summary per repeat (and server set), in the order they ran
+    }  # (records, wall seconds) of each repeat (and server set), in the order they ran
     # A server process carries its own speed offset (two identical `ar` servers differ: see
     # docs/performance.md §6), so several sets of fresh processes average it out.
     for server_set in range(config.server_sets):
@@ -432,29 +428,19 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
                     # ABBA: the second repeat runs the methods in reverse, so a drift of the machine
                     # over the level weighs on every method alike
                     for method in methods if repeat % 2 == 0 else methods[::-1]:
-                        name = method or "default"
                         if progress is not None:
                             progress(
-                                f"{name} at concurrency {concurrency}"
+                                f"{method or 'default'} at concurrency {concurrency}"
                                 + _repeat_text(repeat, server_set, config)
                             )
-                        done, wall = asyncio.run(
-                            run_level(urls[method], prompts, config, concurrency, _override(config, method))
+                        runs[concurrency][method].append(
+                            asyncio.run(
+                                run_level(
+                                    urls[method], prompts, config, concurrency, _override(config, method)
+                                )
+                            )
                         )
-                        runs[concurrency][method].append(summarize(name, concurrency, done, wall))
-                        records[concurrency][method] += done
-                        walls[concurrency][method] += wall
-    levels: list[LevelResult] = []
-    for concurrency in config.concurrency:
-        for method in methods:
-            level = summarize(
-                method or "default", concurrency, records[concurrency][method], walls[concurrency][method]
-            )
-            if len(each := runs[concurrency][method]) > 1:
-                level.repeat_throughputs = [r.throughput for r in each]
-                level.repeat_tokens = [r.completion_tokens for r in each]
-                level.repeat_seconds = [r.wall_seconds for r in each]
-            levels.append(level)
+    levels = [pooled(m or "default", c, runs[c][m]) for c in config.concurrency for m in methods]
     baseline = baseline_of(levels)
     sets = config.repeats if config.server_sets > 1 else None
     return {
@@ -468,6 +454,20 @@ def run_loadtest(config: LoadtestConfig, prompts: Sequence[Prompt], progress: An
         "speedup_interval": speedup_intervals(levels, baseline, sets),
         "failed": sum(lv.failed for lv in levels),
     }
+
+
+def pooled(method: str, concurrency: int, runs: Sequence[tuple[list[RequestRecord], float]]) -> LevelResult:
+    """One cell over all its runs (records and wall seconds of each): the requests pooled, and with
+    several runs each run's throughput, tokens and seconds kept in order."""
+    level = summarize(
+        method, concurrency, [r for records, _ in runs for r in records], sum(w for _, w in runs)
+    )
+    if len(runs) > 1:
+        each = [summarize(method, concurrency, records, wall) for records, wall in runs]
+        level.repeat_throughputs = [r.throughput for r in each]
+        level.repeat_tokens = [r.completion_tokens for r in each]
+        level.repeat_seconds = [r.wall_seconds for r in each]
+    return level
 
 
 def _repeat_text(repeat: int, server_set: int, config: LoadtestConfig) -> str:
