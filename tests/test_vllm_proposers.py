@@ -192,6 +192,21 @@ def test_fused_drafter_lays_out_drafts_then_placeholders_within_the_budget():
         _fused_drafter(block_size=1)
 
 
+def _count_spec_metadata(patch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every step the model runner prepares with spec-decode metadata, from now on."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    rows: list[int] = []
+    build = GPUModelRunner._calc_spec_decode_metadata
+
+    def built(self, num_draft_tokens, *args, **kwargs):
+        rows.append(len(num_draft_tokens))
+        return build(self, num_draft_tokens, *args, **kwargs)
+
+    patch.setattr(GPUModelRunner, "_calc_spec_decode_metadata", built)
+    return rows
+
+
 @pytest.fixture(scope="module")
 def fused_scheduled():
     """The fused seam drafting only while four or more requests run (block size 6 from four)."""
@@ -205,14 +220,8 @@ def fused_scheduled():
 def test_fused_seam_follows_vllms_batch_size_schedule(fused_scheduled, block_ar):
     """The schedule's values are block sizes (vLLM counts 2B − 1 slots): one request decodes AR,
     a batch of four drafts; both token-identical to the block model's AR."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    metadata: list[int] = []  # steps prepared with spec-decode metadata
-    build = GPUModelRunner._calc_spec_decode_metadata
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            GPUModelRunner, "_calc_spec_decode_metadata", lambda *a: metadata.append(1) or build(*a)
-        )
+        metadata = _count_spec_metadata(patch)
         solo = fused_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)[0]
     assert solo.stats["tau"] == 1.0 and metadata == []  # at K = 0 prepared as without speculation
     batch = fused_scheduled.generate(PROMPTS[:4], max_new_tokens=TOKENS)
@@ -250,7 +259,6 @@ def test_steps_without_drafts_skip_the_acceptance_step_unless_a_row_is_seeded(sd
     keeps both at every step (it draws from the request's generator, so skipping it would make
     the text depend on the batch)."""
     from vllm.v1.sample import rejection_sampler
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     calls: list[int] = []  # the most drafts of a row, per acceptance step
     inner = rejection_sampler.rejection_sample
@@ -259,15 +267,8 @@ def test_steps_without_drafts_skip_the_acceptance_step_unless_a_row_is_seeded(sd
         calls.append(max(num_draft_tokens))
         return inner(draft_token_ids, num_draft_tokens, *args, **kwargs)
 
-    metadata: list[int] = []  # rows of each step prepared with spec-decode metadata
-    build = GPUModelRunner._calc_spec_decode_metadata
-
-    def built(self, num_draft_tokens, *args, **kwargs):
-        metadata.append(len(num_draft_tokens))
-        return build(self, num_draft_tokens, *args, **kwargs)
-
     monkeypatch.setattr(rejection_sampler, "rejection_sample", counted)
-    monkeypatch.setattr(GPUModelRunner, "_calc_spec_decode_metadata", built)
+    metadata = _count_spec_metadata(monkeypatch)
     sdd_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS)
     assert calls == [] and metadata == []
     first = sdd_scheduled.generate(PROMPTS[0], max_new_tokens=TOKENS, temperature=1.0, seed=3)[0]

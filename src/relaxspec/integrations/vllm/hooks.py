@@ -305,8 +305,8 @@ def sample_with_row_rules(self: Any, logits: Any, spec_decode_metadata: Any) -> 
     """
     sample = original(f"{RUNNER}._sample")
     fused_mask = getattr(getattr(self, "drafter", None), "fused_mask_id", None)
-    no_drafts = spec_decode_metadata is None or spec_decode_metadata.max_spec_len == 0
-    if no_drafts and (spec_decode_metadata is None or not self.input_batch.sampling_metadata.generators):
+    generators = self.input_batch.sampling_metadata.generators
+    if spec_decode_metadata is None or (spec_decode_metadata.max_spec_len == 0 and not generators):
         out = sample(self, logits, None)
         if fused_mask is not None:  # no next blocks were drawn this step
             self.drafter.receive({}, self.input_batch.req_ids)
