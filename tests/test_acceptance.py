@@ -24,7 +24,11 @@ from relaxspec.acceptance import (
     nucleus_mask,
     residual_distribution,
     verify,
+    verify_greedy,
+    verify_unchecked,
 )
+from relaxspec.core.peer_rules import FLy, Threshold, TopKDelta
+from relaxspec.core.relaxed_sets import nucleus_member_unchecked
 from relaxspec.errors import RelaxSpecError
 from relaxspec.testing import LAW_CASES
 from relaxspec.testing import law_chi2_pvalue as chi2_pvalue
@@ -297,6 +301,23 @@ def test_chi_square_is_decisive():
     assert chi2_pvalue(counts[:6], p[:6]) < 1e-12
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 9),
+    st.sampled_from(["dirichlet", "ties"]),
+    st.floats(1e-4, 1.0),
+    st.integers(0, 2**32 - 1),
+)
+def test_nucleus_membership_at_a_token_is_the_sets(V, kind, theta, seed):
+    """``nucleus_member_unchecked`` (one pass, no sort) gives the mask's answer at every token,
+    against the exact-arithmetic reference, ties and zeros included."""
+    p = random_probs(np.random.default_rng(seed), (3, V), kind)
+    expected = brute_nucleus(p, theta)
+    for token in range(V):
+        tokens = torch.full((3,), token)
+        assert torch.equal(nucleus_member_unchecked(p, tokens, theta), expected[:, token])
+
+
 # ---------------------------------------------------------------------------------------------
 # verify invariants
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +354,48 @@ def test_verify_invariants(inputs):
         again = verify(rule, tokens, draft_probs, p, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(again.accepted, v.accepted) and torch.equal(again.next_token, v.next_token)
         assert torch.equal(again.accept_mask, v.accept_mask)
+
+
+GREEDY_PEERS = [
+    Lenience(0.5, greedy=True),
+    TopKDelta(2, 0.3, greedy=True),
+    Threshold(0.2, 1.0, greedy=True),
+    FLy(1, 0.0, 3, greedy=True),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(verify_inputs())
+def test_greedy_verdict_reads_target_laws_only_where_a_draft_is_not_the_argmax(inputs):
+    """``verify_greedy`` = the definition (accept iff the draft is in the rule's accept set,
+    next token the argmax), asking for target laws only at positions whose draft is not the
+    argmax — never for a rule without a relaxed set — except for FLy, which reads the block."""
+    tokens, _, p, _ = inputs
+    K = tokens.shape[1]
+    top = p.argmax(-1)
+    for rule in GREEDY_RULES + GREEDY_PEERS:
+        asked = []
+
+        def laws(at, asked=asked):
+            asked.append(at.clone())
+            return p[:, :K][at]
+
+        v = verify_greedy(rule, tokens, top, laws)
+        in_set = rule.accept_set(p[:, :K]).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        if not rule.reads_block:
+            assert torch.equal(v.accept_mask, in_set)
+        assert torch.equal(v.accepted, prefix_length(v.accept_mask))
+        assert torch.equal(v.next_token, top.gather(-1, v.accepted.unsqueeze(-1)).squeeze(-1))
+        assert torch.equal(v.exact_accepted, prefix_length(tokens == top[:, :K]))
+        reference = verify_unchecked(rule, tokens, None, p)
+        assert torch.equal(v.accept_mask, reference.accept_mask)
+        miss = tokens != top[:, :K]
+        if rule.reads_block:
+            assert len(asked) == 1 and asked[0].all()
+        elif rule.relaxes and bool(miss.any()):
+            assert len(asked) == 1 and torch.equal(asked[0], miss)
+        else:
+            assert asked == []
 
 
 @settings(max_examples=40, deadline=None)

@@ -31,7 +31,14 @@ from relaxspec.core.rules import (
     nsd_rule,
     residual_distribution,
 )
-from relaxspec.core.verify import NO_TOKEN, Verdict, check_verify_inputs, verify, verify_unchecked
+from relaxspec.core.verify import (
+    NO_TOKEN,
+    Verdict,
+    check_verify_inputs,
+    verify,
+    verify_greedy,
+    verify_unchecked,
+)
 
 __all__ = [
     "NO_TOKEN",
@@ -53,5 +60,6 @@ __all__ = [
     "nucleus_mask",
     "residual_distribution",
     "verify",
+    "verify_greedy",
     "verify_unchecked",
 ]

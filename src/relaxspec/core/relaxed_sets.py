@@ -68,6 +68,21 @@ def nucleus_mask_unchecked(p: Tensor, theta: float) -> Tensor:
     return (p >= threshold) & (p > 0)
 
 
+def nucleus_member_unchecked(p: Tensor, tokens: Tensor, theta: float) -> Tensor:
+    """``tokens ∈ N_θ(p)`` without building the set: the definition of :func:`nucleus_mask`
+    (``p(x) > 0`` and ``Σ_{y: p(y) > p(x)} p(y) < θ``) evaluated at ``x`` directly, one pass over
+    the vocabulary and no sort. p: [..., V]; tokens: [...] long -> [...] bool.
+
+    The sum is in float64 like :func:`_mass_before`'s, over the same values in another order, so
+    the two agree wherever θ is farther from the mass above ``x`` than float64's rounding bound.
+    """
+    p_x = p.gather(-1, tokens.unsqueeze(-1))  # [..., 1]
+    if theta >= 1.0:
+        return (p_x > 0).squeeze(-1)
+    above = torch.where(p > p_x, p, 0.0).sum(dim=-1, dtype=torch.float64)
+    return (above < theta) & (p_x.squeeze(-1) > 0)
+
+
 def nucleus_mask(p: Tensor, theta: float) -> Tensor:
     """Tie-inclusive, order-free nucleus ``N_θ(p)`` (docs/design.md §2; NSD §3 Eq. 1, App. B).
 

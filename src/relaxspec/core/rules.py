@@ -16,7 +16,13 @@ import torch
 from torch import Tensor
 
 from relaxspec.core.checks import check_unit_interval, is_real
-from relaxspec.core.relaxed_sets import argmax_mask, nucleus_mask_unchecked, top_k_mask, typical_mask
+from relaxspec.core.relaxed_sets import (
+    argmax_mask,
+    nucleus_mask_unchecked,
+    nucleus_member_unchecked,
+    top_k_mask,
+    typical_mask,
+)
 from relaxspec.errors import require
 
 # A residual (p − q·h)⁺ with less total mass than this is rounding noise, not a distribution:
@@ -79,6 +85,23 @@ class AcceptanceRule(Rule):
     def relaxed_set(self, p: Tensor) -> Tensor | None:
         """Tokens the relaxation accepts outright, [..., V] bool, or None for no relaxation."""
         return None
+
+    @property
+    def relaxes(self) -> bool:
+        """False where :meth:`relaxed_set` is None whatever ``p`` (the greedy path then reads no
+        target law: :func:`~relaxspec.core.verify.verify_greedy`)."""
+        return type(self).relaxed_set is not AcceptanceRule.relaxed_set
+
+    @property
+    def reads_block(self) -> bool:
+        """True where :meth:`defer` reads the target laws of the whole block (``FLy``)."""
+        return type(self).defer is not AcceptanceRule.defer
+
+    def relaxed_at(self, p: Tensor, tokens: Tensor) -> Tensor | None:
+        """Membership of ``tokens`` in :meth:`relaxed_set` — p: [M, V], tokens: [M] long -> [M]
+        bool, or None for no relaxation."""
+        relaxed = self.relaxed_set(p)
+        return None if relaxed is None else relaxed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
     def _leniency(self) -> float:
         return 1.0
@@ -182,6 +205,9 @@ class Nucleus(AcceptanceRule):
 
     def relaxed_set(self, p: Tensor) -> Tensor:
         return nucleus_mask_unchecked(p, float(self.theta))
+
+    def relaxed_at(self, p: Tensor, tokens: Tensor) -> Tensor:
+        return nucleus_member_unchecked(p, tokens, float(self.theta))
 
 
 # NSD's θ where a user gives none, per decoding regime ("greedy": temperature 0; "sampling"),

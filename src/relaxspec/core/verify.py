@@ -10,7 +10,7 @@ engine calls. Shapes: ``B`` batch rows, ``K`` draft positions, ``V`` vocabulary 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -249,29 +249,58 @@ def verify_unchecked(
 
     B, K = tokens.shape
     p_draft = p[:, :K]
+    if rule.is_greedy:
+        return verify_greedy(rule, tokens, p.argmax(dim=-1), lambda at: p_draft[at])
     in_set = rule.accept_set(p_draft)
     in_set_tok = None if in_set is None else _gather_last(in_set, tokens)
     p_tok = _gather_last(p_draft, tokens)
-
-    if rule.is_greedy:
-        # h ∈ {0, 1}: no uniforms needed. Recovered and bonus token are both argmax p_j.
-        assert in_set_tok is not None
-        accept_mask = rule.defer(in_set_tok, p_draft, p_tok)
-        accepted = _prefix_length(accept_mask)
-        next_token = p.argmax(dim=-1).gather(-1, accepted.unsqueeze(-1)).squeeze(-1)
-        exact_mask = _argmax_match(tokens, p)
-    else:
-        assert q is not None and q.shape == p_draft.shape
-        q_tok = _gather_last(q, tokens)
-        u = torch.rand((B, K), dtype=torch.float64, generator=generator, device=p.device)
-        accept_mask = rule.defer(u < rule.h(p_tok, q_tok, in_set_tok).double(), p_draft, p_tok)
-        exact_mask = u < Exact().h(p_tok, q_tok, None).double()
-        accepted = _prefix_length(accept_mask)
-        next_token = _sample_next(rule, p, q, in_set, accepted, generator)
-
+    assert q is not None and q.shape == p_draft.shape
+    q_tok = _gather_last(q, tokens)
+    u = torch.rand((B, K), dtype=torch.float64, generator=generator, device=p.device)
+    accept_mask = rule.defer(u < rule.h(p_tok, q_tok, in_set_tok).double(), p_draft, p_tok)
+    exact_mask = u < Exact().h(p_tok, q_tok, None).double()
+    accepted = _prefix_length(accept_mask)
+    next_token = _sample_next(rule, p, q, in_set, accepted, generator)
     return Verdict(
         accepted=accepted,
         next_token=next_token,
         accept_mask=accept_mask,
         exact_accepted=_prefix_length(exact_mask),
+    )
+
+
+def verify_greedy(
+    rule: AcceptanceRule, tokens: Tensor, top: Tensor, laws: Callable[[Tensor], Tensor]
+) -> Verdict:
+    """:func:`verify_unchecked` for a greedy-mode rule, from the target's argmax, reading target
+    laws only where the rule's decision needs them.
+
+    tokens: [B, K] long drafts; top: [B, K+1] long, ``argmax p_1..p_{K+1}`` (ties: lowest id);
+    laws: maps a [B, K] bool mask to the float32 laws ``p_i`` at the masked positions, [M, V] in
+    row-major order; called at most once — with the positions where ``d_i ≠ argmax p_i`` (every
+    position for a rule whose :meth:`~AcceptanceRule.defer` reads the block), never for a rule
+    without a relaxed set. Why this is the same verdict: a greedy-mode rule's accept set is its
+    relaxed set plus ``argmax p`` (:meth:`~AcceptanceRule.accept_set`), so a draft equal to the
+    argmax is accepted whatever the set holds.
+    """
+    B, K = tokens.shape
+    match = tokens == top[:, :K]  # [B, K]: the strict (argmax) decisions
+    if rule.reads_block:
+        every = laws(torch.ones_like(match))  # [B·K, V]
+        p_draft = every.view(B, K, every.shape[-1])
+        relaxed = rule.relaxed_at(p_draft.flatten(0, 1), tokens.flatten())
+        native = match if relaxed is None else match | relaxed.view(B, K)
+        accept_mask = rule.defer(native, p_draft, _gather_last(p_draft, tokens))
+    else:
+        accept_mask, miss = match.clone(), ~match
+        if rule.relaxes and bool(miss.any()):
+            relaxed = rule.relaxed_at(laws(miss), tokens[miss])
+            if relaxed is not None:
+                accept_mask[miss] = relaxed
+    accepted = _prefix_length(accept_mask)
+    return Verdict(
+        accepted=accepted,
+        next_token=top.gather(-1, accepted.unsqueeze(-1)).squeeze(-1),
+        accept_mask=accept_mask,
+        exact_accepted=_prefix_length(match),
     )

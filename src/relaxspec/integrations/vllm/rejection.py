@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relaxspec.core.acceptance import Gate, Rule, verify_unchecked
+from relaxspec.core.acceptance import AcceptanceRule, Gate, Rule, verify_greedy, verify_unchecked
 from relaxspec.engine.proposers.block import draw_next_block
 from relaxspec.integrations.vllm.rules import RuleChoice, default_choice
 
@@ -217,8 +217,7 @@ def relaxed_rejection_sample(
     out = torch.full((batch_size, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
     if batch_size == 0:
         return out
-    probs = target_logits.softmax(dim=-1, dtype=torch.float32)  # [N, V]
-    step = _Step(draft_token_ids.long(), probs, draft_probs, bonus_token_ids.reshape(-1).long(), out)
+    step = _Step(draft_token_ids.long(), target_logits, draft_probs, bonus_token_ids.reshape(-1).long(), out)
     greedy = _greedy_rows(sampling_metadata, batch_size)
     choices = row_choices()
     if choices is None or len(choices) != batch_size:
@@ -234,7 +233,9 @@ def relaxed_rejection_sample(
         rule = choice.rule(is_greedy)
         accepted, next_token, exact = _verify_group(step, rule, members, k, cut, is_greedy, gen)
         if mask_id is not None and cut:
-            fused_next.update(_next_blocks(probs, members, k, accepted, next_token, mask_id, is_greedy, gen))
+            fused_next.update(
+                _next_blocks(step.probs, members, k, accepted, next_token, mask_id, is_greedy, gen)
+            )
         if counting:
             COUNTERS.add(choice.label() + ("/greedy" if is_greedy else ""), k, accepted, exact, next_token)
     if counting:
@@ -242,17 +243,35 @@ def relaxed_rejection_sample(
     return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Step:
-    """One call's tensors: drafts ``[N]`` (long), target laws ``[N, V]`` (float32 softmax of
-    vLLM's processed logits), draft laws ``[N, V]`` or None, vLLM's bonus tokens ``[B]`` and the
-    output ``int32 [B, max_spec_len + 1]`` being filled."""
+    """One call's tensors: drafts ``[N]`` (long), vLLM's processed target logits ``[N, V]``, draft
+    laws ``[N, V]`` or None, vLLM's bonus tokens ``[B]`` and the output ``int32 [B, max_spec_len +
+    1]`` being filled. The target laws (float32 softmax, as vLLM's sampler computes them) and
+    argmax are computed once, when a group first needs them."""
 
     drafts: Tensor
-    probs: Tensor
+    logits: Tensor
     draft_probs: Tensor | None
     bonus: Tensor
     out: Tensor
+
+    @functools.cached_property
+    def probs(self) -> Tensor:
+        """Target laws ``[N, V]`` float32."""
+        return self.logits.softmax(dim=-1, dtype=torch.float32)
+
+    @functools.cached_property
+    def top(self) -> Tensor:
+        """Target argmax ``[N]`` long (of the logits, as vLLM's greedy sampler takes it)."""
+        return self.logits.argmax(dim=-1)
+
+    def laws_at(self, slots: Tensor) -> Tensor:
+        """Target laws at some draft slots: slots [M] long -> [M, V] float32 (no softmax over
+        the rest of the step)."""
+        if "probs" in self.__dict__:
+            return self.probs[slots]
+        return self.logits[slots].softmax(dim=-1, dtype=torch.float32)
 
 
 # (rule key, greedy, K', cut, seeded row or -1) -> [(batch row, first draft slot, drafts n)]
@@ -297,11 +316,18 @@ def _verify_group(
     The target law after the last draft is the law at the first non-draft slot (cut rows) or
     one-hot at vLLM's bonus token; a rule that needs ``q`` without draft laws gets one-hot ``q``.
     """
-    probs, device, vocab = step.probs, step.probs.device, step.probs.shape[-1]
+    device = step.logits.device
     rows = torch.tensor([m[0] for m in members], device=device)
     starts = torch.tensor([m[1] for m in members], device=device)
     idx = starts.unsqueeze(1) + torch.arange(k, device=device)  # [G, K']
     tokens = step.drafts[idx]
+    if greedy and isinstance(rule, AcceptanceRule):
+        last_top = step.top[starts + k] if cut else step.bonus[rows]  # [G]
+        top = torch.cat([step.top[idx], last_top.unsqueeze(1)], dim=1)  # [G, K' + 1]
+        verdict = verify_greedy(rule, tokens, top, lambda at: step.laws_at(idx[at]))
+        step.out[rows, : k + 1] = _emitted(tokens, verdict.accepted, verdict.next_token)
+        return verdict.accepted, verdict.next_token, verdict.exact_accepted
+    probs, vocab = step.probs, step.probs.shape[-1]
     last = probs[starts + k] if cut else F.one_hot(step.bonus[rows], vocab).to(probs.dtype)  # [G, V]
     target = torch.cat([probs[idx], last.unsqueeze(1)], dim=1)  # [G, K' + 1, V]
     q = None
