@@ -191,13 +191,12 @@ def _sample_next(
     rule: AcceptanceRule,
     p: Tensor,
     q: Tensor,
-    in_set: Tensor | None,
     accepted: Tensor,
     generator: torch.Generator | None,
 ) -> Tensor:
     """Recovered token at the first rejection, bonus token from ``p_{K+1}`` if none.
 
-    p: [B, K+1, V]; q: [B, K, V]; in_set: [B, K, V] bool or None; accepted: [B] -> [B] long.
+    p: [B, K+1, V]; q: [B, K, V]; accepted: [B] -> [B] long.
     """
     B, K = q.shape[:2]
     dist = p[:, K]
@@ -205,7 +204,7 @@ def _sample_next(
         rows = torch.arange(B, device=p.device)
         j = accepted.clamp(max=K - 1)
         p_row, q_row = p[rows, j], q[rows, j]
-        set_row = None if in_set is None else in_set[rows, j]
+        set_row = rule.accept_set(p_row)  # [B, V] or None
         recovered = residual_distribution(p_row, q_row, rule.h(p_row, q_row, set_row))
         dist = torch.where((accepted == K).unsqueeze(-1), dist, recovered)
     return torch.multinomial(dist, 1, generator=generator).squeeze(-1)
@@ -251,8 +250,10 @@ def verify_unchecked(
     p_draft = p[:, :K]
     if rule.is_greedy:
         return verify_greedy(rule, tokens, p.argmax(dim=-1), lambda at: p_draft[at])
-    in_set = rule.accept_set(p_draft)
-    in_set_tok = None if in_set is None else _gather_last(in_set, tokens)
+    # Sampling mode: the accept set is the relaxed set, read at the drafts here and over the
+    # vocabulary only at each row's rejection (in _sample_next).
+    relaxed = rule.relaxed_at(p_draft.flatten(0, 1), tokens.flatten()) if rule.relaxes else None
+    in_set_tok = None if relaxed is None else relaxed.view(B, K)
     p_tok = _gather_last(p_draft, tokens)
     assert q is not None and q.shape == p_draft.shape
     q_tok = _gather_last(q, tokens)
@@ -260,7 +261,7 @@ def verify_unchecked(
     accept_mask = rule.defer(u < rule.h(p_tok, q_tok, in_set_tok).double(), p_draft, p_tok)
     exact_mask = u < Exact().h(p_tok, q_tok, None).double()
     accepted = _prefix_length(accept_mask)
-    next_token = _sample_next(rule, p, q, in_set, accepted, generator)
+    next_token = _sample_next(rule, p, q, accepted, generator)
     return Verdict(
         accepted=accepted,
         next_token=next_token,
