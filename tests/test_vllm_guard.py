@@ -365,3 +365,34 @@ def test_serving_args_map_to_vllm_flags():
         serving_args(log_level="loud")
     with pytest.raises(RelaxSpecError, match="--max-concurrency must be an integer >= 1"):
         serving_args(max_concurrency=0)
+
+
+def test_counters_file_round_trips_grows_and_sums_every_process(tmp_path, monkeypatch):
+    """The sampler's /metrics counters (stats_file): each write is read back whole; a draft length
+    past the capacity moves to a larger file; every process's file is summed; files that are not
+    counters (a half-written temporary, junk) are skipped."""
+    from relaxspec.integrations.vllm import stats_file
+
+    where = str(tmp_path)
+    mine = stats_file.stats_file(where, 4)
+    mine.write(10, 25, ([10, 9, 8, 7], [6, 5, 4, 3], [1, 0, 0, 0]))
+    want = {"rows": 10, "emitted": 25, "drafted_per_pos": [10, 9, 8, 7]}
+    want |= {"accepted_per_pos": [6, 5, 4, 3], "relaxed_per_pos": [1, 0, 0, 0]}
+    assert stats_file.read_stats(where) == want
+    assert stats_file.stats_file(where, 4) is mine  # the same mapping: a step writes no file
+    mine.write(12, 30, ([12, 11, 9, 8], [7, 5, 4, 3], [2, 0, 0, 0]))
+    assert stats_file.read_stats(where)["accepted_per_pos"] == [7, 5, 4, 3]
+
+    grown = stats_file.stats_file(where, 100)
+    assert grown is not mine and grown.capacity >= 100 and grown.path == mine.path
+    wide = list(range(1, 101))
+    grown.write(13, 31, (wide, wide, [0] * 100))
+    assert stats_file.read_stats(where)["drafted_per_pos"] == wide
+
+    monkeypatch.setattr(os, "getpid", lambda: 999_999)  # a second sampler process
+    stats_file.stats_file(where, 2).write(1, 3, ([1, 1], [1, 0], [0, 0]))
+    (tmp_path / "junk.stats").write_bytes(b"not counters")
+    (tmp_path / "5.stats.5.tmp").write_bytes(b"\0" * 8)
+    total = stats_file.read_stats(where)
+    assert total["rows"] == 14 and total["emitted"] == 34
+    assert total["drafted_per_pos"] == [2, 3, *range(3, 101)]

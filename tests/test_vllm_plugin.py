@@ -687,7 +687,7 @@ def test_counters_that_cannot_be_written_never_stop_the_engine(tmp_path, monkeyp
     rejection._flush()  # no exception
     monkeypatch.setenv(rejection.ENV_STATS_DIR, str(tmp_path))
     rejection._flush()
-    assert (tmp_path / f"{os.getpid()}.json").exists()
+    assert (tmp_path / f"{os.getpid()}.stats").exists()
 
 
 def test_the_engine_core_fetches_no_drafts_after_a_step_at_k_zero(monkeypatch):

@@ -16,11 +16,9 @@ verified" and "The plugin, file by file". Counters per draft position: :func:`sn
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +29,7 @@ from torch import Tensor
 from relaxspec.core.acceptance import AcceptanceRule, Gate, Rule, verify_greedy, verify_unchecked
 from relaxspec.engine.proposers.block import draw_next_block
 from relaxspec.integrations.vllm.rules import RuleChoice, default_choice
+from relaxspec.integrations.vllm.stats_file import stats_file
 
 PLACEHOLDER = -1
 log = logging.getLogger("relaxspec.vllm")
@@ -160,16 +159,13 @@ def _warn_once(message: str) -> None:
 
 
 def _flush() -> None:
-    """Write the counters for the server's /metrics (``RELAXSPEC_VLLM_STATS_DIR``), atomically."""
+    """Store the counters for the server's /metrics (``RELAXSPEC_VLLM_STATS_DIR``; :mod:`.stats_file`)."""
     where = os.environ.get(ENV_STATS_DIR)
     if not where:
         return
-    path = os.path.join(where, f"{os.getpid()}.json")
-    tmp = path + ".tmp"
+    c = COUNTERS
     try:
-        with open(tmp, "w") as f:
-            json.dump({**snapshot(), "time": time.time()}, f)
-        os.replace(tmp, path)
+        stats_file(where, len(c.drafted)).write(c.rows, c.emitted, (c.drafted, c.accepted, c.relaxed))
     except OSError as err:  # the counters are a report: losing one never stops the engine
         _warn_once(f"relaxspec: cannot write the /metrics counters to {where}: {err}")
 

@@ -38,33 +38,13 @@ from relaxspec.integrations.vllm.drafts import draft_speculative_config
 from relaxspec.integrations.vllm.lookup import check_prompt_lookup, lookup_speculative_config
 from relaxspec.integrations.vllm.rejection import ENV_STATS_DIR
 from relaxspec.integrations.vllm.rules import RuleChoice, canonical, default_env
+from relaxspec.integrations.vllm.stats_file import read_stats
 from relaxspec.methods import LOOKUP_PROPOSERS, check_drafter
 from relaxspec.models import model_dir
 from relaxspec.params import DEFAULT_K
 
 STATS_PREFIX = "relaxspec-vllm-stats-"  # then the server's pid and a random suffix
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
-
-
-def read_stats(where: str | Path) -> dict[str, Any]:
-    """Sum of the counts every sampler process left in ``where``."""
-    total: dict[str, Any] = {"rows": 0, "emitted": 0}
-    total.update({key: [] for key in ("drafted_per_pos", "accepted_per_pos", "relaxed_per_pos")})
-    for path in glob.glob(os.path.join(str(where), "*.json")):
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, json.JSONDecodeError):
-            continue
-        total["rows"] += int(data.get("rows", 0))
-        total["emitted"] += int(data.get("emitted", 0))
-        for key in ("drafted_per_pos", "accepted_per_pos", "relaxed_per_pos"):
-            values = data.get(key, [])
-            acc = total[key]
-            acc.extend([0] * (len(values) - len(acc)))
-            for i, v in enumerate(values):
-                acc[i] += int(v)
-    return total
 
 
 class StatsCollector:
