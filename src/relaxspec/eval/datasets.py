@@ -123,6 +123,7 @@ class Example:
     answer: int | None = None
     stop: tuple[str, ...] = ()
     problem: dict | None = None
+    reference: str | None = None  # a generated math problem's own solution (eval.math_failures)
 
     @property
     def metric(self) -> str | None:
@@ -158,13 +159,17 @@ def truncate(text: str, stop: tuple[str, ...]) -> str:
 def math_examples(limit: int) -> list[Example]:
     """The held-out math problems (evaluation seed range), prompts ending in ``Answer:``."""
     return [
-        Example(f"math-{p.seed}", p.prompt, answer=p.answer, stop=MATH_STOP) for p in eval_problems(limit)
+        Example(f"math-{p.seed}", p.prompt, answer=p.answer, stop=MATH_STOP, reference=p.solution)
+        for p in eval_problems(limit)
     ]
 
 
 def _math_rows(problems: list[MathProblem], prefix: str) -> list[Example]:
     return [
-        Example(f"{prefix}-{p.family}-{p.seed}", p.prompt, answer=p.answer, stop=MATH_STOP) for p in problems
+        Example(
+            f"{prefix}-{p.family}-{p.seed}", p.prompt, answer=p.answer, stop=MATH_STOP, reference=p.solution
+        )
+        for p in problems
     ]
 
 
