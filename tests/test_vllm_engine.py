@@ -72,16 +72,19 @@ def test_nucleus_theta_to_zero_equals_exact(ours, greedy_stock, monkeypatch):
     from relaxspec.integrations.vllm import rejection
 
     stock_sd, _ = greedy_stock
-    original = rejection.verify_unchecked
+    original = rejection.verify_greedy
     tie_hit = []
 
-    def spy(rule, tokens, q, p, generator=None):
-        top = p[:, :-1].amax(-1)
-        at_draft = p[:, :-1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        tie_hit.append(bool(((at_draft == top) & (tokens != p[:, :-1].argmax(-1))).any()))
-        return original(rule, tokens, q, p, generator)
+    def spy(rule, tokens, top, laws):
+        def seen(at):  # the laws at drafts that are not the argmax: is one of them tied at the top?
+            p = laws(at)
+            at_draft = p.gather(-1, tokens[at].unsqueeze(-1)).squeeze(-1)
+            tie_hit.append(bool((at_draft == p.amax(-1)).any()))
+            return p
 
-    monkeypatch.setattr(rejection, "verify_unchecked", spy)
+        return original(rule, tokens, top, seen)
+
+    monkeypatch.setattr(rejection, "verify_greedy", spy)
     clean = 0
     for prompt, want in zip(PROMPTS, stock_sd, strict=True):
         tie_hit.clear()
