@@ -392,7 +392,7 @@ def test_counters_file_round_trips_grows_and_sums_every_process(tmp_path, monkey
     monkeypatch.setattr(os, "getpid", lambda: 999_999)  # a second sampler process
     stats_file.stats_file(where, 2).write(1, 3, ([1, 1], [1, 0], [0, 0]))
     (tmp_path / "junk.stats").write_bytes(b"not counters")
-    (tmp_path / "5.stats.5.tmp").write_bytes(b"\0" * 8)
+    (tmp_path / "5.stats.tmp").write_bytes(b"\0" * 8)
     total = stats_file.read_stats(where)
     assert total["rows"] == 14 and total["emitted"] == 34
     assert total["drafted_per_pos"] == [2, 3, *range(3, 101)]

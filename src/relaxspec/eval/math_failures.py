@@ -11,16 +11,16 @@ ways, told apart from the completion's equations ``a op b = c`` and the referenc
 - ``wrong operand``: every equation is true and their number is right, but some operand is not the
   one the problem calls for (a number misread or carried from the wrong step).
 
-:func:`classify` names one completion's failure; :func:`failure_counts` tallies wrong answers and
-:func:`bench_failures` a bench run's, per (method, dataset) (``scripts/math_failures.py``). Which
-kind dominates decides what training data could help (docs/models.md).
+:func:`classify` names one completion's failure; :func:`bench_failures` tallies a bench run's
+wrong answers per (method, dataset) (``scripts/math_failures.py``). Which kind dominates decides
+what training data could help (docs/models.md).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -52,11 +52,6 @@ def classify(completion: str, reference: str) -> str:
     if len(written) < expected:
         return "missing step"
     return "wrong operand"
-
-
-def failure_counts(wrong: Iterable[tuple[str, str]]) -> Counter[str]:
-    """Counts by kind over ``(completion, reference)`` pairs of wrong answers."""
-    return Counter(classify(completion, reference) for completion, reference in wrong)
 
 
 def bench_failures(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str], Counter[str]]:

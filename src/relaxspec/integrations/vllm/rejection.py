@@ -265,8 +265,6 @@ class _Step:
     def laws_at(self, slots: Tensor) -> Tensor:
         """Target laws at some draft slots: slots [M] long -> [M, V] float32 (no softmax over
         the rest of the step)."""
-        if "probs" in self.__dict__:
-            return self.probs[slots]
         return self.logits[slots].softmax(dim=-1, dtype=torch.float32)
 
 
@@ -317,26 +315,26 @@ def _verify_group(
     starts = torch.tensor([m[1] for m in members], device=device)
     idx = starts.unsqueeze(1) + torch.arange(k, device=device)  # [G, K']
     tokens = step.drafts[idx]
-    if greedy and isinstance(rule, AcceptanceRule):
+    if greedy and isinstance(rule, AcceptanceRule):  # argmax first; laws only where a rule reads them
         last_top = step.top[starts + k] if cut else step.bonus[rows]  # [G]
         top = torch.cat([step.top[idx], last_top.unsqueeze(1)], dim=1)  # [G, K' + 1]
         verdict = verify_greedy(rule, tokens, top, lambda at: step.laws_at(idx[at]))
-        step.out[rows, : k + 1] = _emitted(tokens, verdict.accepted, verdict.next_token)
-        return verdict.accepted, verdict.next_token, verdict.exact_accepted
-    probs, vocab = step.probs, step.probs.shape[-1]
-    last = probs[starts + k] if cut else F.one_hot(step.bonus[rows], vocab).to(probs.dtype)  # [G, V]
-    target = torch.cat([probs[idx], last.unsqueeze(1)], dim=1)  # [G, K' + 1, V]
-    q = None
-    if rule.needs_draft_probs and step.draft_probs is not None:
-        q = step.draft_probs[idx].float()  # [G, K', V]
-    elif rule.needs_draft_probs:  # no draft laws (a model-free proposer): q one-hot at the draft
-        q = F.one_hot(tokens, vocab).to(probs.dtype)
-    verdict = verify_unchecked(rule, tokens, q, target, generator=gen)
-    accepted, next_token = verdict.accepted, verdict.next_token
-    if isinstance(rule, Gate):
-        next_token = _gate_fallback(accepted, next_token, target, greedy, gen)
-    step.out[rows, : k + 1] = _emitted(tokens, accepted, next_token)
-    return accepted, next_token, verdict.exact_accepted
+        next_token = verdict.next_token
+    else:
+        probs, vocab = step.probs, step.probs.shape[-1]
+        last = probs[starts + k] if cut else F.one_hot(step.bonus[rows], vocab).to(probs.dtype)  # [G, V]
+        target = torch.cat([probs[idx], last.unsqueeze(1)], dim=1)  # [G, K' + 1, V]
+        q = None
+        if rule.needs_draft_probs and step.draft_probs is not None:
+            q = step.draft_probs[idx].float()  # [G, K', V]
+        elif rule.needs_draft_probs:  # no draft laws (a model-free proposer): q one-hot at the draft
+            q = F.one_hot(tokens, vocab).to(probs.dtype)
+        verdict = verify_unchecked(rule, tokens, q, target, generator=gen)
+        next_token = verdict.next_token
+        if isinstance(rule, Gate):
+            next_token = _gate_fallback(verdict.accepted, next_token, target, greedy, gen)
+    step.out[rows, : k + 1] = _emitted(tokens, verdict.accepted, next_token)
+    return verdict.accepted, next_token, verdict.exact_accepted
 
 
 def _emitted(tokens: Tensor, accepted: Tensor, next_token: Tensor) -> Tensor:

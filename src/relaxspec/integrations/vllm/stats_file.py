@@ -33,7 +33,7 @@ class StatsFile:
         self.capacity = capacity
         slots = np.zeros(HEADER + 3 * capacity, dtype="<i8")
         slots[0], slots[1] = MAGIC, capacity
-        tmp = f"{self.path}.{os.getpid()}.tmp"
+        tmp = f"{self.path}.tmp"
         with open(tmp, "wb") as f:
             f.write(slots.tobytes())
         os.replace(tmp, self.path)
