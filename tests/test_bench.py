@@ -403,6 +403,29 @@ def test_rejection_analysis_on_a_synthetic_cycle():
     assert g["positions"] == 2 and g["match_rate"] == 0.5  # position 1 matches, position 2 does not
 
 
+def test_nucleus_share_interval_clusters_rejections_by_prompt():
+    from relaxspec.eval import intervals
+    from relaxspec.eval.tables import _cell
+
+    def rec(example: str, rejected: int, in_nucleus: int) -> dict:
+        rej = {"strict_rejected": rejected, "rejected_in_nucleus": in_nucleus}
+        return {"example": example, "diagnostics": {"rejections": rej}}
+
+    # 40 prompts: half reject only in-nucleus drafts, half only outside it (10 rejections each), so the
+    # rejections of one prompt agree and the share is known from far fewer than 400 independent draws
+    records = [rec(f"p{i}", 10, 10 if i % 2 else 0) for i in range(40)]
+    ci = diagnostics.nucleus_share_interval(records)
+    flat = intervals.wilson(200, 400)
+    assert ci["estimate"] == pytest.approx(0.5) and ci["clusters"] == 40 and ci["n"] == 400
+    assert ci["low"] < flat.low and ci["high"] > flat.high  # clustered: wider than 400 independent ones
+    assert ci["n_effective"] == pytest.approx(40)  # perfectly correlated within a prompt
+    # rejections spread evenly over prompts are as informative as independent ones
+    even = diagnostics.nucleus_share_interval([rec(f"p{i}", 10, 5) for i in range(40)])
+    assert even["n_effective"] == pytest.approx(400) and even["low"] == pytest.approx(flat.low)
+    assert diagnostics.nucleus_share_interval([rec("p0", 0, 0), {"example": "p1"}]) is None
+    assert _cell(ci, "{:.1%}") == f"[{ci['low']:.1%}–{ci['high']:.1%}]"
+
+
 def test_fingerprint_ignores_card_records_but_not_weights(tmp_path):
     from relaxspec.eval.results import model_fingerprint
 

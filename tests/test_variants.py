@@ -211,6 +211,8 @@ def test_regime_summary_reads_bench_rows(tmp_path, capsys):
     assert "nucleus" not in regime_line({**row, "method": "ar", "label": "ar", "diagnostics": None})
     nsd = {**row, "method": "nsd", "label": "nsd k=8 theta=0.8", "params": {"theta": 0.8}}
     assert "in 0.8-nucleus 2.2%" in regime_line(nsd)  # an nsd row is analysed at its own θ
+    rej = {**row["diagnostics"]["rejections"], "rejected_in_nucleus_ci": {"low": 0.011, "high": 0.044}}
+    assert "in 0.95-nucleus 2.2% [1.1%–4.4%]" in regime_line({**row, "diagnostics": {"rejections": rej}})
     (tmp_path / "results.json").write_text(json.dumps({"rows": [row]}))
     assert main([str(tmp_path)]) == 0 and "τ 2.62" in capsys.readouterr().out
     assert main([str(tmp_path / "missing")]) == 2 and "results.json missing" in capsys.readouterr().err

@@ -26,6 +26,7 @@ import torch
 from relaxspec.core.acceptance import nsd_rule, nucleus_mask
 from relaxspec.engine import CycleRecord
 from relaxspec.errors import RelaxSpecError
+from relaxspec.eval import intervals
 from relaxspec.eval.prove_diagnostics import (
     ar_argmax_along,
     ar_matching_prefix,
@@ -214,6 +215,21 @@ def rejection_summary(c: Counters) -> dict[str, Any]:
         "extra_entropy_target": _ratio(c["extra_entropy_target"], n_q),
         "extra_target_entropy_higher": _ratio(c["extra_target_entropy_higher"], n_q),
     }
+
+
+def nucleus_share_interval(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """95 % interval of the share of strictly rejected drafts inside the target's nucleus over a
+    row's bench records (each with its generation's ``rejections`` counters): every rejection is
+    a 0/1 outcome and the rejections of one prompt a cluster (they share a context, so they are
+    correlated), :func:`intervals.wilson_clustered`. None where nothing was rejected."""
+    values: list[float] = []
+    clusters: list[str] = []
+    for r in records:
+        rej = (r.get("diagnostics") or {}).get("rejections") or {}
+        n, k = int(rej.get("strict_rejected", 0)), int(rej.get("rejected_in_nucleus", 0))
+        values += [1.0] * k + [0.0] * (n - k)
+        clusters += [str(r["example"])] * n
+    return intervals.wilson_clustered(values, clusters).to_dict() if values else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,9 +41,10 @@ def regime_line(row: dict[str, Any]) -> str:
     if rej.get("strict_rejected"):
         nucleus, top10 = rej.get("rejected_in_nucleus"), rej.get("rejected_in_top10")
         theta = nucleus_theta(row["method"], row.get("params") or {}, greedy=row["temperature"] == 0)
-        parts.append(
-            f"rejected {rej['strict_rejected']}: in {theta:g}-nucleus {nucleus:.1%}, in top 10 {top10:.1%}"
-        )
+        ci = rej.get("rejected_in_nucleus_ci")
+        share = f"{nucleus:.1%}" + (f" [{ci['low']:.1%}–{ci['high']:.1%}]" if ci else "")
+        n = rej["strict_rejected"]
+        parts.append(f"rejected {n}: in {theta:g}-nucleus {share}, in top 10 {top10:.1%}")
     if row.get("tau") and row.get("method") != "ar":
         parts.append(f"τ {row['tau']:.2f}")
     return "  ".join(parts)

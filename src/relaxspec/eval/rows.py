@@ -257,6 +257,8 @@ def summarize_cell(cell: Cell, records: Sequence[dict[str, Any]], reference: dic
         if r.get("diagnostics"):
             counters = diagnostics.merge_counters(counters, r["diagnostics"])
     row.diagnostics = diagnostics.summarize(counters)
+    if "rejections" in row.diagnostics:
+        row.diagnostics["rejections"]["rejected_in_nucleus_ci"] = diagnostics.nucleus_share_interval(ok)
     return row
 
 

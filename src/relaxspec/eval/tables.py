@@ -229,6 +229,7 @@ DIAGNOSTIC_COLUMNS: dict[str, list[tuple[str, str, str]]] = {  # name -> (header
     "rejections": [
         ("strict-rejected", "strict_rejected", "{}"),
         ("in nucleus", "rejected_in_nucleus", "{:.1%}"),
+        ("in nucleus 95 %", "rejected_in_nucleus_ci", "{:.1%}"),
         ("in top-10", "rejected_in_top10", "{:.1%}"),
         ("extra accepted", "extra_accepted", "{}"),
         ("extra in core", "extra_in_nucleus_core", "{:.1%}"),
@@ -277,6 +278,8 @@ def _cell(value: Any, fmt: str) -> str:
         return "-"
     if isinstance(value, float) and math.isnan(value):
         return "-"
+    if isinstance(value, dict) and "low" in value:  # an interval: [low–high] in the column's format
+        return f"[{fmt.format(value['low'])}–{fmt.format(value['high'])}]"
     try:
         return fmt.format(value)
     except (ValueError, TypeError):
