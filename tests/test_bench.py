@@ -426,6 +426,26 @@ def test_nucleus_share_interval_clusters_rejections_by_prompt():
     assert _cell(ci, "{:.1%}") == f"[{ci['low']:.1%}–{ci['high']:.1%}]"
 
 
+def test_target_entropy_is_binned_at_every_emitted_position_and_at_the_strict_rejection():
+    # K = 3 drafts; the strict rule rejects the second (at a uniform target, H = ln 4 ≈ 1.39 nats),
+    # the relaxed rule accepts it and the third, so the bonus token at position 3 is emitted too
+    sure, flat, mid = [0.99, 0.01, 0.0, 0.0], [0.25] * 4, [0.5, 0.5, 0.0, 0.0]  # H 0.056, 1.386, 0.693
+    p = torch.tensor([sure, flat, mid, flat])[None]
+    proposal = Proposal(torch.tensor([[0, 2, 1]]), None, torch.tensor([[1.0, 1.0, 1.0]]))
+    verdict = Verdict(torch.tensor([3]), torch.tensor([0]), exact_accepted=torch.tensor([1]))
+    cycle = CycleRecord(
+        position=3, proposal=proposal, skipped=0, target_probs=p, verdict=verdict, chunk=[0, 2, 1]
+    )
+    c = diagnostics.rejection_counters([cycle], theta=0.95)
+    assert c["entropy_emitted"] == {"0-0.1": 1, "0.1-0.5": 0, "0.5-1": 1, "1-2": 2, "2+": 0}  # 4 emitted
+    assert c["entropy_rejected"] == {"0-0.1": 0, "0.1-0.5": 0, "0.5-1": 0, "1-2": 1, "2+": 0}
+    s = diagnostics.rejection_summary(c)
+    assert s["entropy_emitted_uncertain"] == 0.75 and s["entropy_rejected_uncertain"] == 1.0
+    assert s["entropy_emitted_by_bin"]["1-2"] == 0.5
+    old = {k: v for k, v in c.items() if not k.startswith("entropy_")}  # counters of an older run
+    assert diagnostics.rejection_summary(old)["entropy_emitted_uncertain"] is None
+
+
 def test_fingerprint_ignores_card_records_but_not_weights(tmp_path):
     from relaxspec.eval.results import model_fingerprint
 

@@ -56,6 +56,8 @@ def _record(method: str, params: dict, example: str, tokens: int, seconds: float
                 "extra_entropy_draft": 1.0,
                 "extra_entropy_target": 2.0,
                 "extra_target_entropy_higher": 2,
+                "entropy_emitted": {"0-0.1": 6, "0.1-0.5": 0, "0.5-1": 2, "1-2": 0, "2+": 0},
+                "entropy_rejected": {"0-0.1": 0, "0.1-0.5": 0, "0.5-1": 2, "1-2": 0, "2+": 0},
             }
         },
     }
@@ -123,6 +125,8 @@ def test_report_renders_tables_plots_and_html(results_dir, tmp_path):
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert any("sweep-theta" in i for i in images) and any("sweep-k" in i for i in images)
     assert any(i.endswith("-rejections.png") for i in images)  # nsd rows carry the diagnostics
+    assert any(i.endswith("-entropy.png") for i in images)  # and the target's entropy per position
+    assert "| 25.0% | 100.0% |" in text  # 2 of 8 emitted positions uncertain; both rejections there
     html = out.with_suffix(".html").read_text()
     assert "<table>" in html and "<img" in html
 

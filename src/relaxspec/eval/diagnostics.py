@@ -38,6 +38,9 @@ from relaxspec.eval.prove_diagnostics import (
 
 Counters = dict[str, Any]
 TOP_RANKS = 10  # rank histogram: 0..9 and "10+"
+# Target entropy histogram (nats): lower edges of the bins, each bin up to the next edge.
+ENTROPY_EDGES = (0.0, 0.1, 0.5, 1.0, 2.0)
+UNCERTAIN_NATS = 0.5  # a position whose target entropy is at least this counts as uncertain
 
 
 @dataclass
@@ -120,6 +123,17 @@ def _bin(rank: int) -> str:
     return str(rank) if rank < TOP_RANKS else f"{TOP_RANKS}+"
 
 
+def _entropy_bin(h: float) -> str:
+    """The :data:`ENTROPY_EDGES` bin of an entropy in nats: ``"0-0.1"`` … ``"2+"``."""
+    i = max(j for j, edge in enumerate(ENTROPY_EDGES) if h >= edge)
+    upper = ENTROPY_EDGES[i + 1] if i + 1 < len(ENTROPY_EDGES) else None
+    return f"{ENTROPY_EDGES[i]:g}-{upper:g}" if upper is not None else f"{ENTROPY_EDGES[i]:g}+"
+
+
+def _entropy_histogram() -> dict[str, int]:
+    return {_entropy_bin(edge): 0 for edge in ENTROPY_EDGES}
+
+
 def _histogram() -> dict[str, int]:
     """Counts by rank: ``"0"`` … ``"9"`` and ``"10+"`` (a dict, so merging adds element-wise)."""
     return {_bin(r): 0 for r in range(TOP_RANKS + 1)}
@@ -150,7 +164,9 @@ def rejection_counters(
     strict prefix ("extra acceptances"): their rank under ``p``, the share in the nucleus *core*
     ``N_{core_theta}(p)`` (our reading of the paper's term: the tokens covering the first half of
     the target's mass), and draft vs target entropy. ``theta`` is the nucleus the rejected tokens
-    are tested against (the method's own θ where it has one, else the paper's 0.95).
+    are tested against (the method's own θ where it has one, else the paper's 0.95). The target's
+    entropy ``H(p)`` is binned (:data:`ENTROPY_EDGES`) at every position the cycle emitted a token
+    at and at each strict rejection: where the target hesitates, and whether rejections sit there.
     """
     c: Counters = {
         "strict_rejected": 0,
@@ -164,10 +180,17 @@ def rejection_counters(
         "extra_entropy_draft": 0.0,
         "extra_entropy_target": 0.0,
         "extra_target_entropy_higher": 0,
+        "entropy_emitted": _entropy_histogram(),
+        "entropy_rejected": _entropy_histogram(),
     }
     for r, tokens, strict, accepted in _verified(records):
         p = r.target_probs[0]
         q = r.proposal.probs[0] if r.proposal.probs is not None else None
+        for j in range(min(accepted + 1, p.shape[0])):  # every position the cycle emitted a token at
+            h = entropy(p[j])
+            c["entropy_emitted"][_entropy_bin(h)] += 1
+            if j == strict and strict < len(tokens):
+                c["entropy_rejected"][_entropy_bin(h)] += 1
         if strict < len(tokens):
             # the token the strict rule rejects (a relaxed rule may still have accepted it)
             x = tokens[strict]
@@ -214,7 +237,21 @@ def rejection_summary(c: Counters) -> dict[str, Any]:
         "extra_entropy_draft": _ratio(c["extra_entropy_draft"], n_q),
         "extra_entropy_target": _ratio(c["extra_entropy_target"], n_q),
         "extra_target_entropy_higher": _ratio(c["extra_target_entropy_higher"], n_q),
+        **_entropy_shares(c),
     }
+
+
+def _entropy_shares(c: Counters) -> dict[str, Any]:
+    """Shares of the target-entropy histograms, and the share of each at an uncertain position
+    (``H(p) ≥`` :data:`UNCERTAIN_NATS`); counters of runs before the histograms existed: none."""
+    uncertain = [_entropy_bin(e) for e in ENTROPY_EDGES if e >= UNCERTAIN_NATS]
+    out: dict[str, Any] = {}
+    for key in ("entropy_emitted", "entropy_rejected"):
+        bins = c.get(key) or {}
+        total = sum(bins.values())
+        out[f"{key}_by_bin"] = {b: n / total for b, n in bins.items()} if total else {}
+        out[f"{key}_uncertain"] = sum(bins[b] for b in uncertain) / total if total else None
+    return out
 
 
 def nucleus_share_interval(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

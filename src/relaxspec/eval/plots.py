@@ -212,43 +212,70 @@ def plot_acceptance(rows: Sequence[Row], path: Path, title: str) -> Path | None:
     return _save(fig, path)
 
 
+def _bar_panels(
+    have: Sequence[tuple[str, dict[str, Any]]],
+    panels: Sequence[tuple[str, str]],
+    xlabel: str,
+    tag: Callable[[str, dict[str, Any], str], str],
+) -> Any:
+    """Two panels of grouped bars: panel ``(key, name)`` draws each row's ``d[key]`` histogram
+    (bin -> share) side by side, legend entry ``tag(label, d, key)``. Returns the figure."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(10, 3.8), sharey=True)
+    width = 0.8 / len(have)
+    for ax, (key, name) in zip(axes, panels, strict=True):
+        for i, (label, d) in enumerate(have):
+            bins = d.get(key) or {}
+            if bins:
+                xs = [j + (i - (len(have) - 1) / 2) * width for j in range(len(bins))]
+                ax.bar(xs, list(bins.values()), width=width, label=tag(label, d, key))
+                ax.set_xticks(range(len(bins)), list(bins))
+        ax.set(xlabel=xlabel, title=name)
+        ax.grid(alpha=0.3, axis="y")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    axes[0].set_ylabel("share")
+    return fig
+
+
+def _rejection_rows(rows: Sequence[Row], needs: str) -> list[tuple[str, dict[str, Any]]]:
+    """(label, rejections summary) of the rows whose summary has a non-empty ``needs``."""
+    return [(r.label, d) for r in rows if (d := (r.diagnostics or {}).get("rejections")) and d.get(needs)]
+
+
 def plot_rejections(rows: Sequence[Row], path: Path, title: str) -> Path | None:
     """The papers' rejection diagnostics as bars: the target rank of the drafts exact SD rejects
     (left; rank 0 = its top token) and of the drafts a relaxed rule accepted beyond SD (right),
     each as a share of its row's count, with the share inside the target's nucleus in the legend
     (the row's own θ for ``nsd``, else 0.95; NSD paper: 52.6 % in the 0.95-nucleus). ``None`` when
     no row carries the diagnostics."""
-    have = [
-        (r.label, d)
-        for r in rows
-        if (d := (r.diagnostics or {}).get("rejections")) and d.get("strict_rejected")
-    ]
+    have = _rejection_rows(rows, "strict_rejected")
     if not have:
         return None
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+
+    def tag(label: str, d: dict[str, Any], key: str) -> str:
+        share = d.get("rejected_in_nucleus")
+        if key != "rejected_by_rank" or share is None:
+            return label
+        return f"{label} ({share:.0%} in its nucleus)"
+
     panels = [("rejected_by_rank", "SD-rejected drafts"), ("extra_by_rank", "accepted beyond SD")]
-    width = 0.8 / len(have)
-    for ax, (key, name) in zip(axes, panels, strict=True):
-        for i, (label, d) in enumerate(have):
-            bins = d.get(key) or {}
-            if not bins:
-                continue
-            xs = [j + (i - (len(have) - 1) / 2) * width for j in range(len(bins))]
-            share = d.get("rejected_in_nucleus")
-            tag = (
-                f"{label} ({share:.0%} in its nucleus)"
-                if key == "rejected_by_rank" and share is not None
-                else label
-            )
-            ax.bar(xs, list(bins.values()), width=width, label=tag)
-            ax.set_xticks(range(len(bins)), list(bins))
-        ax.set(xlabel="target rank of the draft token", title=name)
-        ax.grid(alpha=0.3, axis="y")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
-    axes[0].set_ylabel("share")
+    fig = _bar_panels(have, panels, "target rank of the draft token", tag)
     fig.suptitle(f"rejection diagnostics · {title}", fontsize=9)
+    return _save(fig, path)
+
+
+def plot_entropy(rows: Sequence[Row], path: Path, title: str) -> Path | None:
+    """The target's entropy per position, binned in nats (``eval/diagnostics.ENTROPY_EDGES``): at
+    every position a row emitted a token at (left) and at the drafts exact SD rejected (right),
+    each as a share of its row's count. Rejections piled in the high bins mean the drafts fail
+    where the target hesitates — the regime a relaxed rule is for. ``None`` without the data."""
+    have = _rejection_rows(rows, "entropy_emitted_by_bin")
+    if not have:
+        return None
+    panels = [("entropy_emitted_by_bin", "each emitted position"), ("entropy_rejected_by_bin", "SD-rejected")]
+    fig = _bar_panels(have, panels, "target entropy H(p), nats", lambda label, d, key: label)
+    fig.suptitle(f"target entropy per position · {title}", fontsize=9)
     return _save(fig, path)
 
 

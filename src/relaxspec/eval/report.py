@@ -32,6 +32,7 @@ from relaxspec.eval.plots import (
     FAMILY_STYLE,
     plot_acceptance,
     plot_calls,
+    plot_entropy,
     plot_frontier,
     plot_rejections,
     plot_sweep,
@@ -206,6 +207,7 @@ def section(
             plot_tau(group, plots / f"{slug}-tau.png", title),
             plot_acceptance(group, plots / f"{slug}-acceptance.png", title),
             plot_rejections(group, plots / f"{slug}-rejections.png", title),
+            plot_entropy(group, plots / f"{slug}-entropy.png", title),
         ]
         for param, rs in sweeps(group).items():
             images.append(plot_sweep(rs, param, plots / f"{slug}-sweep-{_slug(param)}.png", title))

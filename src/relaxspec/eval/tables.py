@@ -237,6 +237,8 @@ DIAGNOSTIC_COLUMNS: dict[str, list[tuple[str, str, str]]] = {  # name -> (header
         ("H(q) extra", "extra_entropy_draft", "{:.3f}"),
         ("H(p) extra", "extra_entropy_target", "{:.3f}"),
         ("H(p) > H(q)", "extra_target_entropy_higher", "{:.1%}"),
+        ("H(p) ≥ 0.5 emitted", "entropy_emitted_uncertain", "{:.1%}"),
+        ("H(p) ≥ 0.5 rejected", "entropy_rejected_uncertain", "{:.1%}"),
     ],
     "gate_auc": [
         ("positions", "positions", "{}"),
