@@ -575,3 +575,26 @@ def test_nsd_rule_takes_the_regimes_default_theta_where_none_is_given():
     assert resolve_params("nsd", {})["theta"] is None  # the engine resolves it per request's regime
     with pytest.raises(RelaxSpecError):
         resolve_params("nsd", {"theta": 1.5})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    vocab=st.integers(1, 300),
+    scale=st.sampled_from([0.0, 0.5, 3.0, 30.0]),  # 0: every logit tied
+    top_p=st.floats(0.01, 0.999),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_top_p_keeps_what_the_full_sort_keeps(rows, vocab, scale, top_p, seed):
+    from relaxspec.core.sampling import top_p_drop
+
+    # coarse logits make ties common: the kept set may differ among tied tokens, never in size or mass
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax((torch.randn(rows, vocab, generator=g) * scale).round(decimals=1), dim=-1)
+    drop = top_p_drop(probs, top_p)
+    ordered, _ = torch.sort(probs, dim=-1, descending=True)
+    kept = torch.cumsum(ordered, dim=-1) - ordered < top_p  # the definition over a full sort
+    assert torch.equal((~drop).sum(-1), kept.sum(-1))
+    assert torch.allclose(probs.masked_fill(drop, 0).sum(-1), (ordered * kept).sum(-1), rtol=0, atol=1e-6)
+    lowest_kept = probs.masked_fill(drop, 2.0).min(-1).values
+    assert bool((probs.masked_fill(~drop, -1.0).max(-1).values <= lowest_kept).all())  # the highest are kept

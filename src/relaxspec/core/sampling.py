@@ -108,13 +108,28 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         logits = logits.masked_fill(logits < kth, -math.inf)
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p  # keep tokens until the mass reaches top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        probs = probs.masked_fill(top_p_drop(probs, params.top_p), 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+TOP_P_PREFIX = 64  # top_p_drop's first look: the highest tokens that usually hold the nucleus
+
+
+def top_p_drop(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``BoolTensor[..., V]``: the tokens top-p drops from ``probs[..., V]`` — in descending order,
+    every token whose preceding mass already reaches ``top_p``.
+
+    Only the highest :data:`TOP_P_PREFIX` tokens are ranked (``topk``) where their mass reaches
+    ``top_p`` in every row: every token past them is preceded by at least that mass, so it is
+    dropped, and the kept set is the one a full sort gives; a row flatter than that sorts the whole
+    vocabulary. (A language model's 0.95-nucleus is almost always far smaller than the prefix.)
+    """
+    top, order = torch.topk(probs, min(TOP_P_PREFIX, probs.shape[-1]), dim=-1)  # [..., k], descending
+    if not bool((top.sum(dim=-1) >= top_p).all()):  # a flat row: rank the whole vocabulary
+        top, order = torch.sort(probs, dim=-1, descending=True)
+    keep = torch.cumsum(top, dim=-1) - top < top_p  # keep tokens until the mass reaches top_p
+    return torch.ones_like(probs, dtype=torch.bool).scatter(-1, order, ~keep)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None, greedy: bool) -> torch.Tensor:
