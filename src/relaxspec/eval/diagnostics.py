@@ -186,16 +186,15 @@ def rejection_counters(
     for r, tokens, strict, accepted in _verified(records):
         p = r.target_probs[0]
         q = r.proposal.probs[0] if r.proposal.probs is not None else None
-        for j in range(min(accepted + 1, p.shape[0])):  # every position the cycle emitted a token at
-            h = entropy(p[j])
+        h_p = [entropy(p[j]) for j in range(min(accepted + 1, p.shape[0]))]  # at every emitted position
+        for h in h_p:
             c["entropy_emitted"][_entropy_bin(h)] += 1
-            if j == strict and strict < len(tokens):
-                c["entropy_rejected"][_entropy_bin(h)] += 1
         if strict < len(tokens):
             # the token the strict rule rejects (a relaxed rule may still have accepted it)
             x = tokens[strict]
             rank = rank_of(p[strict], x)
             c["strict_rejected"] += 1
+            c["entropy_rejected"][_entropy_bin(h_p[strict])] += 1
             c["rejected_in_nucleus"] += int(nucleus_mask(p[strict], theta)[x])
             c["rejected_in_top10"] += int(rank < 10)
             c["rejected_rank"][_bin(rank)] += 1
@@ -205,11 +204,11 @@ def rejection_counters(
             c["extra_in_nucleus_core"] += int(nucleus_mask(p[j], core_theta)[x])
             c["extra_rank"][_bin(rank_of(p[j], x))] += 1
             if q is not None:
-                h_q, h_p = entropy(q[j]), entropy(p[j])
+                h_q = entropy(q[j])
                 c["extra_with_q"] += 1
                 c["extra_entropy_draft"] += h_q
-                c["extra_entropy_target"] += h_p
-                c["extra_target_entropy_higher"] += int(h_p > h_q)
+                c["extra_entropy_target"] += h_p[j]
+                c["extra_target_entropy_higher"] += int(h_p[j] > h_q)
     return c
 
 
