@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import pytest
 
-from relaxspec.data import codegen, codevartasks, mathgen, mathvariants
+from relaxspec.data import codegen, codevartasks, mathgen, mathquotes, mathvariants
 
 S = codegen.EVAL_SEED_START
 
@@ -92,6 +92,7 @@ SAMPLES: dict[str, tuple[Callable[[], Iterable], str]] = {
         ),
         "884f13cc9ca424ec",
     ),
+    "mathquotes": (lambda: mathquotes.train_quote_problems(20), "2c759c584804c019"),
 }
 
 

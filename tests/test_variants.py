@@ -7,11 +7,12 @@ import json
 import random
 import re
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from relaxspec.data import codegen, codevariants, codevartasks, mathvariants
+from relaxspec.data import codegen, codevariants, codevartasks, mathquotes, mathvariants
 from relaxspec.data.codegen import EVAL_SEED_START, HELDOUT_COMBOS, TRAIN_COMBOS
 from relaxspec.data.corpus import read_jsonl, variant_rows
 from relaxspec.data.mathgen import HELDOUT_PHRASINGS as MATH_HELDOUT_PHRASINGS
@@ -168,7 +169,7 @@ def test_math_splits_are_disjoint_and_deterministic():
 
 def test_corpus_rows_and_datasets():
     rows = variant_rows(60, 60, 20)
-    assert len(rows["codevar_train"]) == len(rows["mathvar_train"]) == 60
+    assert len(rows["codevar_train"]) == len(rows["mathvar_train"]) == len(rows["mathquote_train"]) == 60
     held = ("codevar_eval", "codevar_combos_eval", "codevar_phrasing_eval", "mathvar_eval")
     assert all(len(rows[n]) == 20 and "prompt" in rows[n][0] for n in held)
     with pytest.raises(RelaxSpecError, match="at least 1"):
@@ -216,3 +217,61 @@ def test_regime_summary_reads_bench_rows(tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps({"rows": [row]}))
     assert main([str(tmp_path)]) == 0 and "τ 2.62" in capsys.readouterr().out
     assert main([str(tmp_path / "missing")]) == 2 and "results.json missing" in capsys.readouterr().err
+
+
+# --- math steps that quote their facts ------------------------------------------------------------
+
+
+def test_quoted_steps_are_correct_and_quote_the_question():
+    problems = mathquotes.train_quote_problems(300)
+    assert problems[:20] == mathquotes.train_quote_problems(20)  # deterministic
+    assert not {p.prompt for p in problems} & {p.prompt for p in mathvariants.train_variant_problems(300)}
+    assert not any(is_heldout_question(p.question) for p in problems)
+    traced = 0
+    for p in problems:
+        lines = p.solution.splitlines()
+        assert lines[-1] == f"#### {p.answer}"
+        quotes = [line[2:] for line in lines if line.startswith("> ")]
+        traced += bool(quotes)
+        assert all(q in p.question for q in quotes)  # verbatim clauses
+        results: set[int] = set()
+        above: list[int] = []
+        eqs = 0
+        for line in lines:
+            if line.startswith("> "):
+                above += mathquotes.clause_numbers(line[2:])
+                continue
+            m = _EQ.search(line)
+            if not m:
+                continue
+            a, op, b, c = m.groups()
+            assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b),
+                    "/": int(a) // int(b)}[op] == int(c)  # fmt: skip
+            # every number the step takes from the question is in the clauses quoted just above it
+            assert all(int(v) in above for v in (a, b) if int(v) not in results), (p.question, line)
+            results.add(int(c))
+            above = []
+            eqs += 1
+        assert eqs == p.steps
+    assert traced == len(problems)  # every training phrasing's facts can be traced
+
+
+def test_question_clauses_split_facts_and_read_spelled_numbers():
+    q = "(1) Ann has twelve pens and Bo has 4 pens. (2) On Monday, the number of pens doubles. How many pens?"
+    assert mathquotes.question_clauses(q) == [
+        "Ann has twelve pens",
+        "Bo has 4 pens",
+        "On Monday, the number of pens doubles",
+    ]
+    assert mathquotes.clause_numbers("Ann has twelve 5-euro notes") == [12, 5]
+    assert mathquotes.question_clauses("Use these facts: Cy reads 3 pages, then rests. How many?") == [
+        "Cy reads 3 pages, then rests"  # a part without a number keeps its sentence whole
+    ]
+    p = generate_styled_problem(600_000)
+    assert mathquotes.quote_plan(replace(p, solution="12 * 2 = 24\n#### 24")) is None  # not generator lines
+    untraceable = replace(p, question="Nobody says how many. How many are there?")
+    assert mathquotes.quote_plan(untraceable) is None
+    # the plain variant then, from the same draw
+    assert mathquotes.quote_solution(untraceable, random.Random(1)) == mathvariants.vary_solution(
+        p, random.Random(1)
+    )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from relaxspec import atomic
-from relaxspec.data import codegen, codevartasks, mathvariants
+from relaxspec.data import codegen, codevartasks, mathquotes, mathvariants
 from relaxspec.data.mathgen import (
     EVAL_SEED_START,
     HELDOUT_MATH_FAMILIES,
@@ -159,7 +159,9 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
       equivalent correct solutions per example (:mod:`relaxspec.data.codevartasks`,
       :mod:`relaxspec.data.mathvariants`); ``codevar_eval`` / ``codevar_combos_eval`` /
       ``codevar_phrasing_eval`` and ``mathvar_eval`` / ``mathvar_families_eval`` /
-      ``mathvar_phrasing_eval`` — held out by seed, by combination (scenario family) and by phrasing.
+      ``mathvar_phrasing_eval`` — held out by seed, by combination (scenario family) and by phrasing;
+      ``mathquote_train.jsonl`` — as many math rows whose steps quote their facts
+      (:mod:`relaxspec.data.mathquotes`), scored on the same held-out sets.
     - ``manifest.json`` — Python version, counts, held-out module list, characters per source.
     """
     config = config or CorpusConfig()
@@ -233,6 +235,7 @@ CHAR_COUNTED = (
     "math_styles_train",
     "codevar_train",
     "mathvar_train",
+    "mathquote_train",
 )
 
 
@@ -339,12 +342,13 @@ def variant_rows(n_code: int, n_math: int, n_eval: int) -> dict[str, list[dict]]
         "codevar_phrasing_eval": codevartasks.heldout_phrasing_variant_tasks(n_eval),
     }
     math_train = mathvariants.train_variant_problems(n_math)
+    quote_train = mathquotes.train_quote_problems(n_math)
     math_held = {
         "mathvar_eval": mathvariants.heldout_seed_variant_problems(n_eval),
         "mathvar_families_eval": mathvariants.heldout_family_variant_problems(n_eval),
         "mathvar_phrasing_eval": mathvariants.heldout_phrasing_variant_problems(n_eval),
     }
-    train_prompts = {t.prompt for t in code_train} | {p.prompt for p in math_train}
+    train_prompts = {t.prompt for t in code_train} | {p.prompt for p in [*math_train, *quote_train]}
     held = [t.prompt for ts in code_held.values() for t in ts] + [
         p.prompt for ps in math_held.values() for p in ps
     ]
@@ -354,5 +358,6 @@ def variant_rows(n_code: int, n_math: int, n_eval: int) -> dict[str, list[dict]]
         "codevar_train": [_code_row(t) for t in code_train],
         **{name: [_code_row(t, held_out=True) for t in ts] for name, ts in code_held.items()},
         "mathvar_train": [_math_row(p) for p in math_train],
+        "mathquote_train": [_math_row(p) for p in quote_train],
         **{name: [_math_row(p, held_out=True) for p in ps] for name, ps in math_held.items()},
     }

@@ -76,8 +76,9 @@ def render_step(label: str, eq: str, style: str, index: int, connective: str) ->
     return f"{lead}: {eq}" if style == "colon" else f"{lead} = {eq}"
 
 
-def vary_solution(problem: MathProblem, r: random.Random) -> str:
-    """A correct solution of ``problem`` in a drawn order, wording and equation style."""
+def vary_solution(problem: MathProblem, r: random.Random, quotes: list[list[str]] | None = None) -> str:
+    """A correct solution of ``problem`` in a drawn order, wording and equation style; ``quotes``
+    (lines per step of the generator's solution, :mod:`mathquotes`) go above their step."""
     steps = parse_steps(problem.solution)
     style = r.choice(STEP_STYLES)
     compact = r.random() < 0.25
@@ -87,6 +88,7 @@ def vary_solution(problem: MathProblem, r: random.Random) -> str:
         label, a, op, b, c = steps[j]
         eq = f"{a}{op}{b}={c}" if compact else f"{a} {op} {b} = {c}"
         connective = r.choice(_CONNECTIVES) if use_connectives and index > 1 and r.random() < 0.5 else ""
+        lines.extend(quotes[j] if quotes else [])
         lines.append(render_step(label, eq, style, index, connective))
     if r.random() < 0.3:
         lines.append(r.choice(_CLOSINGS).format(n=problem.answer))

@@ -41,6 +41,7 @@ SOURCES = {
     # scenario family / phrasing family
     "codevar": "codevar_train",
     "mathvar": "mathvar_train",
+    "mathquote": "mathquote_train",  # mathvar rows whose steps quote their facts (data/mathquotes.py)
     "codevar_eval": "codevar_eval",
     "codevar_combos_eval": "codevar_combos_eval",
     "codevar_phrasing_eval": "codevar_phrasing_eval",
@@ -50,7 +51,17 @@ SOURCES = {
 }
 # The sources a training mixture may draw from (``--mixture math=0.4,synthcode=0.3,...``); the
 # others are held out.
-TRAIN_SOURCES = ("math", "code", "synthcode", "math_broad", "synthpipes", "math_styles", "codevar", "mathvar")
+TRAIN_SOURCES = (
+    "math",
+    "code",
+    "synthcode",
+    "math_broad",
+    "synthpipes",
+    "math_styles",
+    "codevar",
+    "mathvar",
+    "mathquote",
+)
 
 
 def _tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
