@@ -16,16 +16,10 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
-from relaxspec.data.mathgen import (
-    EVAL_SEED_START,
-    NUMBER_WORDS,
-    TRAIN_PHRASINGS,
-    MathProblem,
-    generate_styled_problem,
-    is_heldout_question,
-)
-from relaxspec.data.mathvariants import parse_steps, vary_solution
+from relaxspec.data.mathgen import NUMBER_WORDS, MathProblem
+from relaxspec.data.mathvariants import parse_steps, train_variant_problems, vary_solution
 
 QUOTE_SEED_START = 600_000  # other questions than mathvar's training rows (from 300 000)
 _SENTENCE_END = re.compile(r"(?<=[.;:?])\s+")
@@ -111,15 +105,12 @@ def quote_solution(problem: MathProblem, r: random.Random) -> str:
     return vary_solution(problem, r, quotes=quotes)
 
 
+def with_quotes(problem: MathProblem) -> MathProblem:
+    """``problem`` with a quoted variant solution drawn from its seed."""
+    r = random.Random(f"mathquote-{problem.seed}-{problem.family}")
+    return replace(problem, solution=quote_solution(problem, r))
+
+
 def train_quote_problems(n: int, start: int = QUOTE_SEED_START) -> list[MathProblem]:
     """``n`` training problems (training phrasings, held-out questions skipped), solutions quoted."""
-    out, seed = [], start
-    while len(out) < n:
-        if seed >= EVAL_SEED_START:
-            raise ValueError("training seeds would overlap the evaluation range")
-        p = generate_styled_problem(seed, TRAIN_PHRASINGS)
-        if not is_heldout_question(p.question):
-            r = random.Random(f"mathquote-{p.seed}-{p.family}")
-            out.append(MathProblem(p.seed, p.question, quote_solution(p, r), p.answer, p.steps, p.family))
-        seed += 1
-    return out
+    return train_variant_problems(n, start, with_quotes)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import replace
 
 from relaxspec.data.mathgen import (
@@ -101,15 +102,18 @@ def with_variant(problem: MathProblem) -> MathProblem:
     return replace(problem, solution=vary_solution(problem, r))
 
 
-def train_variant_problems(n: int, start: int = TRAIN_SEED_START) -> list[MathProblem]:
-    """``n`` training problems (training phrasings, held-out questions skipped), each with a variant."""
+def train_variant_problems(
+    n: int, start: int = TRAIN_SEED_START, render: Callable[[MathProblem], MathProblem] = with_variant
+) -> list[MathProblem]:
+    """``n`` training problems (training phrasings, held-out questions skipped), each re-rendered by
+    ``render`` (a variant; :func:`mathquotes.with_quotes` a variant that quotes its facts)."""
     out, seed = [], start
     while len(out) < n:
         if seed >= EVAL_SEED_START:
             raise ValueError("training seeds would overlap the evaluation range")
         p = generate_styled_problem(seed, TRAIN_PHRASINGS)
         if not is_heldout_question(p.question):
-            out.append(with_variant(p))
+            out.append(render(p))
         seed += 1
     return out
 
