@@ -92,7 +92,7 @@ SAMPLES: dict[str, tuple[Callable[[], Iterable], str]] = {
         ),
         "884f13cc9ca424ec",
     ),
-    "mathquotes": (lambda: mathquotes.train_quote_problems(20), "2c759c584804c019"),
+    "mathquotes": (lambda: mathquotes.train_quote_problems(20), "8d8b3b982d54fd61"),
 }
 
 

@@ -222,24 +222,25 @@ def test_regime_summary_reads_bench_rows(tmp_path, capsys):
 # --- math steps that quote their facts ------------------------------------------------------------
 
 
-def test_quoted_steps_are_correct_and_quote_the_question():
+def test_quoted_solutions_walk_the_clauses_and_compute_correctly():
     problems = mathquotes.train_quote_problems(300)
     assert problems[:20] == mathquotes.train_quote_problems(20)  # deterministic
     assert not {p.prompt for p in problems} & {p.prompt for p in mathvariants.train_variant_problems(300)}
     assert not any(is_heldout_question(p.question) for p in problems)
-    traced = 0
+    unused = 0
     for p in problems:
         lines = p.solution.splitlines()
         assert lines[-1] == f"#### {p.answer}"
         quotes = [line[2:] for line in lines if line.startswith("> ")]
-        traced += bool(quotes)
-        assert all(q in p.question for q in quotes)  # verbatim clauses
+        # every clause of the question quoted once, in order (all training phrasings can be traced)
+        assert [q.removesuffix(" (not needed)") for q in quotes] == mathquotes.question_clauses(p.question)
+        unused += sum(q.endswith(" (not needed)") for q in quotes)
         results: set[int] = set()
-        above: list[int] = []
+        quoted: list[int] = []
         eqs = 0
         for line in lines:
             if line.startswith("> "):
-                above += mathquotes.clause_numbers(line[2:])
+                quoted += [] if line.endswith("(not needed)") else mathquotes.clause_numbers(line[2:])
                 continue
             m = _EQ.search(line)
             if not m:
@@ -247,13 +248,12 @@ def test_quoted_steps_are_correct_and_quote_the_question():
             a, op, b, c = m.groups()
             assert {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b),
                     "/": int(a) // int(b)}[op] == int(c)  # fmt: skip
-            # every number the step takes from the question is in the clauses quoted just above it
-            assert all(int(v) in above for v in (a, b) if int(v) not in results), (p.question, line)
+            # a number not computed by an earlier step comes from a clause quoted (as needed) above
+            assert all(int(v) in quoted for v in (a, b) if int(v) not in results), (p.question, line)
             results.add(int(c))
-            above = []
-            eqs += 1
-        assert eqs == p.steps
-    assert traced == len(problems)  # every training phrasing's facts can be traced
+            eqs, last = eqs + 1, int(c)
+        assert eqs == p.steps and last == p.answer
+    assert unused > 20  # distractor facts are quoted and marked
 
 
 def test_question_clauses_split_facts_and_read_spelled_numbers():

@@ -1,15 +1,15 @@
-"""Math solutions that quote the fact each step uses (issue 29).
+"""Math solutions that walk the question's facts in order and quote each one (issue 29).
 
 Most wrong answers of the variant-trained target are *plan* errors, not arithmetic: a number read
 from the wrong fact, a fact skipped, a stop before the last one (docs/models.md, "Why the math
-answers fail"). Here every step of a variant solution (:func:`mathvariants.vary_solution`) is
-preceded by the clauses of the question its new numbers come from, one ``> clause`` line each, so
-the number a step uses sits in the line above it and a fact left unquoted is visible. A number is
-*new* when no earlier step (in the generator's order) produced it; it is looked up in the
-question's clauses as a digit string, a spelled number (``twelve``) or a multiplier word
-(``doubles``, ``half``). A problem whose numbers cannot all be traced keeps its plain variant.
-Training seeds from :data:`QUOTE_SEED_START`; the held-out sets are :mod:`mathvariants`' (same
-prompts, so a model trained on quoted rows is scored on the same questions as before).
+answers fail"). Here a solution quotes every clause of the question that states a number, in
+order, one ``> clause`` line each (``(not needed)`` after a distractor), and writes each step as
+soon as the clauses it needs are quoted, worded as a :mod:`mathvariants` variant. So the next fact
+is always the next clause, and the numbers a step uses sit just above it. A number is *new* when
+no earlier step (in the generator's order) produced it; it is traced to a clause as a digit
+string, a spelled number (``twelve``) or a multiplier word (``doubles``, ``half``). A problem whose
+numbers cannot all be traced keeps its plain variant. Training seeds from
+:data:`QUOTE_SEED_START`; scored on :mod:`mathvariants`' held-out sets (the same prompts).
 """
 
 from __future__ import annotations
@@ -94,15 +94,36 @@ def quote_plan(problem: MathProblem) -> list[list[int]] | None:
     return plan
 
 
+def _ready(problem: MathProblem, plan: list[list[int]]) -> list[int]:
+    """Per generator step, the last clause it needs: its own quoted clauses and, through the steps
+    whose results it uses, theirs."""
+    steps = parse_steps(problem.solution)
+    ready: list[int] = []
+    for j, (_label, a, _op, b, _c) in enumerate(steps):
+        deps = [ready[i] for i in range(j) if steps[i][4] in (a, b)]
+        ready.append(max([*plan[j], *deps, 0]))
+    return ready
+
+
 def quote_solution(problem: MathProblem, r: random.Random) -> str:
-    """A variant solution of ``problem`` (:func:`vary_solution`) with each step's clauses quoted
-    above it as ``> clause`` lines; the plain variant when the plan cannot be traced."""
+    """A solution that walks the question's clauses in order: each quoted once as ``> clause``
+    (``(not needed)`` after one no step uses), each step written as soon as the clauses it needs
+    are quoted (:func:`_ready`; ties in the generator's order), worded as a variant
+    (:func:`vary_solution`). The plain variant when the plan cannot be traced."""
     plan = quote_plan(problem)
     if plan is None:
         return vary_solution(problem, r)
     clauses = question_clauses(problem.question)
-    quotes = [[f"> {clauses[i]}" for i in step] for step in plan]
-    return vary_solution(problem, r, quotes=quotes)
+    used = {i for step in plan for i in step}
+    lines = [f"> {c}" if i in used else f"> {c} (not needed)" for i, c in enumerate(clauses)]
+    ready = _ready(problem, plan)
+    order = sorted(range(len(plan)), key=lambda j: (ready[j], j))
+    quotes: list[list[str]] = [[] for _ in plan]
+    start = 0
+    for n, j in enumerate(order):
+        end = len(clauses) if n == len(order) - 1 else ready[j] + 1
+        quotes[j], start = lines[start:end], max(start, end)
+    return vary_solution(problem, r, quotes=quotes, order=order)
 
 
 def with_quotes(problem: MathProblem) -> MathProblem:

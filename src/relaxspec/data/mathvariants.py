@@ -77,15 +77,21 @@ def render_step(label: str, eq: str, style: str, index: int, connective: str) ->
     return f"{lead}: {eq}" if style == "colon" else f"{lead} = {eq}"
 
 
-def vary_solution(problem: MathProblem, r: random.Random, quotes: list[list[str]] | None = None) -> str:
+def vary_solution(
+    problem: MathProblem,
+    r: random.Random,
+    quotes: list[list[str]] | None = None,
+    order: list[int] | None = None,
+) -> str:
     """A correct solution of ``problem`` in a drawn order, wording and equation style; ``quotes``
-    (lines per step of the generator's solution, :mod:`mathquotes`) go above their step."""
+    (lines per step of the generator's solution, :mod:`mathquotes`) go above their step, and
+    ``order`` (indices of those steps) replaces the drawn order."""
     steps = parse_steps(problem.solution)
     style = r.choice(STEP_STYLES)
     compact = r.random() < 0.25
     use_connectives = style in ("colon", "equals") and r.random() < 0.4
     lines = []
-    for index, j in enumerate(step_order(steps, r), 1):
+    for index, j in enumerate(step_order(steps, r) if order is None else order, 1):
         label, a, op, b, c = steps[j]
         eq = f"{a}{op}{b}={c}" if compact else f"{a} {op} {b} = {c}"
         connective = r.choice(_CONNECTIVES) if use_connectives and index > 1 and r.random() < 0.5 else ""
