@@ -65,10 +65,10 @@ done_ models/draft || {
       --run-dir runs/distill-v3/run --export models/draft --steps 300 --set ckpt_every=25 --set eval_every=100
 }
 
-# 3. MARS block proposer for ProVe, fine-tuned from the target with 32-token blocks so that the
-#    8/16/24/32 block-size sweep stays in the trained range (methods default to 8); ~60 min on one core
+# 3. MARS block proposer for ProVe, fine-tuned from the bundled target with 32-token blocks so that
+#    the 8/16/24/32 block-size sweep stays in the trained range (methods default to 8); ~30 min on one core
 MIX=codevar=0.3,mathvar=0.25,math=0.15,math_styles=0.1,synthpipes=0.1,code=0.1
-done_ models/block || OMP_NUM_THREADS=1 relaxspec train block --block-size 32 --steps 150 \
+done_ models/block || OMP_NUM_THREADS=1 relaxspec train block --block-size 32 --steps 350 \
     --mixture "$MIX" --set ckpt_every=25
 
 # 4. masked-diffusion drafter initialised from the target's embeddings and first two layers,
