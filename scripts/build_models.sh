@@ -72,9 +72,9 @@ done_ models/block || OMP_NUM_THREADS=1 relaxspec train block --block-size 32 --
     --mixture "$MIX" --set ckpt_every=25
 
 # 4. masked-diffusion drafter initialised from the target's embeddings and first two layers,
-#    then the (γ, S) operating point and the learned survival signals for verifier skipping
+#    then the (γ, S) operating point and the learned survival signals for verifier skipping (~36 + 5 + 5 min)
 done_ models/diffusion || {
-  OMP_NUM_THREADS=1 relaxspec train diffusion --init target --layers 2 --steps 200 --mixture "$MIX" \
+  OMP_NUM_THREADS=1 relaxspec train diffusion --init target --layers 2 --steps 600 --mixture "$MIX" \
       --set ckpt_every=50
   relaxspec train diffusion-sweep --gammas 8,16 --steps 1,2
 }
