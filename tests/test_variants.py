@@ -268,9 +268,10 @@ def test_question_clauses_split_facts_and_read_spelled_numbers():
         "Cy reads 3 pages, then rests"  # a part without a number keeps its sentence whole
     ]
     p = generate_styled_problem(600_000)
-    assert mathquotes.quote_plan(replace(p, solution="12 * 2 = 24\n#### 24")) is None  # not generator lines
+    not_generator_lines = replace(p, solution="12 * 2 = 24\n#### 24")
+    assert mathquotes.quote_plan(not_generator_lines, mathquotes.question_clauses(p.question)) is None
     untraceable = replace(p, question="Nobody says how many. How many are there?")
-    assert mathquotes.quote_plan(untraceable) is None
+    assert mathquotes.quote_plan(untraceable, mathquotes.question_clauses(untraceable.question)) is None
     # the plain variant then, from the same draw
     assert mathquotes.quote_solution(untraceable, random.Random(1)) == mathvariants.vary_solution(
         p, random.Random(1)

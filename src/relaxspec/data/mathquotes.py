@@ -19,7 +19,7 @@ import re
 from dataclasses import replace
 
 from relaxspec.data.mathgen import NUMBER_WORDS, MathProblem
-from relaxspec.data.mathvariants import parse_steps, train_variant_problems, vary_solution
+from relaxspec.data.mathvariants import parse_steps, step_deps, train_variant_problems, vary_solution
 
 QUOTE_SEED_START = 600_000  # other questions than mathvar's training rows (from 300 000)
 _SENTENCE_END = re.compile(r"(?<=[.;:?])\s+")
@@ -66,15 +66,14 @@ def _pick(holders: list[int], used: set[int]) -> int:
     return next((i for i in holders if i not in used), holders[0])
 
 
-def quote_plan(problem: MathProblem) -> list[list[int]] | None:
-    """For each step of ``problem``'s generator solution, the indices of the clauses its new numbers
-    come from: one clause stating all of them if there is one, else a clause per number; among
-    several, the earliest not yet quoted. None when a new number is stated by no clause (or the
-    solution is not the generator's ``Label: a op b = c`` lines)."""
+def quote_plan(problem: MathProblem, clauses: list[str]) -> list[list[int]] | None:
+    """For each step of ``problem``'s generator solution, the indices of the ``clauses`` (of its
+    question) its new numbers come from: one clause stating all of them if there is one, else a
+    clause per number; among several, the earliest not yet quoted. None when a new number is stated
+    by no clause (or the solution is not the generator's ``Label: a op b = c`` lines)."""
     steps = parse_steps(problem.solution)
     if len(steps) != problem.steps:
         return None
-    clauses = question_clauses(problem.question)
     numbers = [clause_numbers(c) for c in clauses]
     results: set[int] = set()
     used: set[int] = set()
@@ -82,26 +81,25 @@ def quote_plan(problem: MathProblem) -> list[list[int]] | None:
     for _label, a, _op, b, c in steps:
         new = [v for v in (a, b) if v not in results]
         both = [i for i, ns in enumerate(numbers) if new and all(ns.count(v) >= new.count(v) for v in new)]
-        picked = [_pick(both, used)] if both else []
-        for value in new if not both else []:
-            holders = [i for i, ns in enumerate(numbers) if value in ns]
-            if not holders:
+        if both:
+            picked = [_pick(both, used)]
+        else:
+            holders = [[i for i, ns in enumerate(numbers) if v in ns] for v in new]
+            if not all(holders):
                 return None
-            picked.append(_pick(holders, used))
+            picked = sorted({_pick(h, used) for h in holders})
         used.update(picked)
-        plan.append(sorted(set(picked)))
+        plan.append(picked)
         results.add(c)
     return plan
 
 
 def _ready(problem: MathProblem, plan: list[list[int]]) -> list[int]:
     """Per generator step, the last clause it needs: its own quoted clauses and, through the steps
-    whose results it uses, theirs."""
-    steps = parse_steps(problem.solution)
+    whose results it uses (:func:`mathvariants.step_deps`), theirs."""
     ready: list[int] = []
-    for j, (_label, a, _op, b, _c) in enumerate(steps):
-        deps = [ready[i] for i in range(j) if steps[i][4] in (a, b)]
-        ready.append(max([*plan[j], *deps, 0]))
+    for j, deps in enumerate(step_deps(parse_steps(problem.solution))):
+        ready.append(max([*plan[j], *(ready[i] for i in deps), 0]))
     return ready
 
 
@@ -110,19 +108,19 @@ def quote_solution(problem: MathProblem, r: random.Random) -> str:
     (``(not needed)`` after one no step uses), each step written as soon as the clauses it needs
     are quoted (:func:`_ready`; ties in the generator's order), worded as a variant
     (:func:`vary_solution`). The plain variant when the plan cannot be traced."""
-    plan = quote_plan(problem)
+    clauses = question_clauses(problem.question)
+    plan = quote_plan(problem, clauses)
     if plan is None:
         return vary_solution(problem, r)
-    clauses = question_clauses(problem.question)
     used = {i for step in plan for i in step}
     lines = [f"> {c}" if i in used else f"> {c} (not needed)" for i, c in enumerate(clauses)]
     ready = _ready(problem, plan)
-    order = sorted(range(len(plan)), key=lambda j: (ready[j], j))
+    order = sorted(range(len(plan)), key=lambda j: (ready[j], j))  # ready never decreases along it
     quotes: list[list[str]] = [[] for _ in plan]
     start = 0
     for n, j in enumerate(order):
-        end = len(clauses) if n == len(order) - 1 else ready[j] + 1
-        quotes[j], start = lines[start:end], max(start, end)
+        end = len(clauses) if n == len(order) - 1 else ready[j] + 1  # the last step takes the rest
+        quotes[j], start = lines[start:end], end
     return vary_solution(problem, r, quotes=quotes, order=order)
 
 

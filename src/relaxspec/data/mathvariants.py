@@ -46,12 +46,17 @@ def parse_steps(solution: str) -> list[tuple[str, int, str, int, int]]:
     return out
 
 
+def step_deps(steps: list[tuple[str, int, str, int, int]]) -> list[set[int]]:
+    """Per step, the earlier steps whose results it uses: a step depends on an earlier one when one
+    of its operands equals that step's result (conservative: a coincidence only adds a dependency)."""
+    return [{i for i in range(j) if steps[i][4] in (steps[j][1], steps[j][3])} for j in range(len(steps))]
+
+
 def step_order(steps: list[tuple[str, int, str, int, int]], r: random.Random) -> list[int]:
     """A random order of the steps in which each follows every earlier step whose result it uses
-    (by value), with the last step kept last. A step depends on an earlier step when one of its
-    operands equals that step's result: conservative, a coincidence only forbids a swap."""
+    (:func:`step_deps`), with the last step kept last."""
     n = len(steps)
-    deps = [{i for i in range(j) if steps[i][4] in (steps[j][1], steps[j][3])} for j in range(n)]
+    deps = step_deps(steps)
     done: list[int] = []
     while len(done) < n - 1:
         ready = [j for j in range(n - 1) if j not in done and deps[j] <= set(done)]
