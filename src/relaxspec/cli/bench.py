@@ -1,5 +1,5 @@
-"""Measuring: ``relaxspec bench``, ``tournament``, ``report``, ``reproduce``, ``eval`` and
-``latency`` (docs/design.md §6); each is a thin layer over :mod:`relaxspec.eval`."""
+"""Measuring: ``relaxspec bench``, ``tournament``, ``report``, ``calibrate``, ``reproduce``,
+``eval`` and ``latency`` (docs/design.md §6); each is a thin layer over :mod:`relaxspec.eval`."""
 
 from __future__ import annotations
 
@@ -182,6 +182,23 @@ def report_cmd(
 
     path = render_report(results, out or results[0] / "report.md", title=title, html=html)
     print(f"wrote {path}")
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    results: Annotated[Path, typer.Argument(help="a results directory written by relaxspec bench")],
+    target: Annotated[
+        Path | None, typer.Option(help="the run's target, if it moved (its fingerprint must match)")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+) -> None:
+    """Does each sampling row (T > 0) emit tokens from the target's law? Per-token martingale
+    z-scores from one teacher-forced target forward per record; table, and <results>/calibration.json."""
+    from relaxspec.eval.calibration import calibrate, calibration_table
+
+    rows = calibrate(results, target_dir=target, progress=progress)
+    print(calibration_table(rows))
+    print(f"wrote {results / 'calibration.json'}")
 
 
 @app.command("reproduce")

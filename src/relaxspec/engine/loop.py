@@ -192,6 +192,12 @@ class _Run:
     recorder: LogprobRecorder | None = None
 
 
+def default_eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokens that end a generation: the model's generation config, else the tokenizer's EOS."""
+    eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    return list(eos) if isinstance(eos, list) else [eos] if eos is not None else []
+
+
 class Engine:
     """Compose a proposer, an acceptance rule and a scheduler around a verifier model.
 
@@ -231,10 +237,9 @@ class Engine:
         self.k = k
         self.shadow = Verifier(shadow, name="shadow verifier") if shadow is not None else None
         self.draft_length: GoodputDraftLength | None = None
-        if eos_token_ids is None:
-            eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
-            eos_token_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
-        self.eos_token_ids = set(eos_token_ids)
+        self.eos_token_ids = set(
+            default_eos_ids(target, tokenizer) if eos_token_ids is None else eos_token_ids
+        )
 
     def _extra_token(self, rule: Rule | None) -> int:
         """1 if a cycle may emit a token beyond the draft (recovered or bonus), else 0."""

@@ -223,7 +223,8 @@ def _error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".strip()
 
 
-def _progress(enabled: bool):
+def progress_bar(enabled: bool):
+    """A rich progress bar on stderr (a no-op when not ``enabled``); its task takes a ``cell`` field."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -417,7 +418,7 @@ def _run_grid(
     todo = {(c.key, ex.id) for c, ex in pending}
     base = {"type": "record", "session": session, "tokens": [], "seconds": 0.0, "stats": None}
 
-    with _progress(config.progress) as progress:
+    with progress_bar(config.progress) as progress:
         task = progress.add_task("bench", total=len(pending) + len(need_ref), cell="")
         for dataset in config.datasets:
             row_cells = [c for c in cells if c.dataset == dataset]
