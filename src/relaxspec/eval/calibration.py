@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -275,26 +275,28 @@ def _row(cell: Cell, label: str, records: Sequence[dict[str, Any]], sums: Sums) 
     }
 
 
-def calibration_table(rows: Iterable[dict[str, Any]]) -> str:
+def calibration_table(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table: one line per row, the two statistics and the verdict."""
 
     def z(v: float | None) -> str:
         return "–" if v is None else f"{v:+.2f}"
 
+    w = max([3, *(len(r["label"]) for r in rows)])
+    d = max([7, *(len(Path(r["dataset"]).name) for r in rows)])
     lines = [
-        f"{'row':<22} {'dataset':<16} {'T':>4} {'top-p':>5} {'tokens':>7} {'argmax excess':>13} {'z':>6} "
+        f"{'row':<{w}} {'dataset':<{d}} {'T':>4} {'top-p':>5} {'tokens':>7} {'argmax excess':>13} {'z':>6} "
         f"{'p(x) excess':>11} {'z':>6} {'outside':>7}  verdict"
     ]
     for r in rows:
         s, name = r["sampling"], Path(r["dataset"]).name
         lines.append(
-            f"{r['label']:<22} {name:<16} {s['temperature']:>4g} {s.get('top_p', 1.0):>5g} "
+            f"{r['label']:<{w}} {name:<{d}} {s['temperature']:>4g} {s.get('top_p', 1.0):>5g} "
             f"{r['positions']:>7} {r['argmax_excess']:>+13.4f} {z(r['z_argmax']):>6} "
             f"{r['mass_excess']:>+11.4f} {z(r['z_mass']):>6} {r['outside_support']:>7}  {r['verdict']}"
         )
     lines.append(
         "(excess: per emitted token, over what the target's own law gives. For a lossless row each z "
         "is a standard normal draw and no token lies outside the law's support; 'departs' = a "
-        f"two-sided p < {ALPHA:g} or a token outside it)"
+        f"two-sided p < {ALPHA:g} or a token outside it; 'consistent' = no departure measurable at this n)"
     )
     return "\n".join(lines)
