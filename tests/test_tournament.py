@@ -159,6 +159,11 @@ def test_tiny_tournament_end_to_end(model_dirs, tmp_path):
     rows = {r["name"]: r for r in doc["groups"][0]["rows"]}
     assert rows["sd"]["tau"] >= 1.0 and rows["ar"]["tau"] is None
     assert rows["threshold single=0.3"]["vs_sd_speed"]["n"] == 2
+    # sampling rows carry the law check of eval/calibration.py; greedy ones do not
+    assert all("law" not in r for r in doc["groups"][0]["rows"])
+    laws = {r["name"]: r["law"] for r in doc["groups"][1]["rows"]}
+    assert set(laws) == {"ar", TOP_P_AR, *rules} and all(law["positions"] > 0 for law in laws.values())
+    assert laws["sd"]["outside_support"] == 0 and "law check" in md and "top token" in md
 
 
 @pytest.mark.parametrize(

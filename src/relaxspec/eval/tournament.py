@@ -11,8 +11,9 @@ temperature), each row's speed-up over AR with a paired bootstrap interval (prom
 total tokens over total seconds in each resample), its quality with the bench's interval, its
 paired Δ quality against AR and against top-p AR, the Pareto set on (speed-up, quality), and a
 verdict: the fastest rule with no measurable quality loss (the paired Δ interval vs AR reaches 0)
-and, per rule, the first grid point where the loss becomes measurable. Written to
-``<out>/tournament.{json,md}`` and ``<out>/frontier.png``.
+and, per rule, the first grid point where the loss becomes measurable. When sampling, each row's
+law check (:mod:`relaxspec.eval.calibration`): how much more often than the target's law it emits
+the target's top token. Written to ``<out>/tournament.{json,md}`` and ``<out>/frontier.png``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from relaxspec.errors import RelaxSpecError
 from relaxspec.eval import intervals
 from relaxspec.eval.bench import BenchConfig, plan, run_bench
+from relaxspec.eval.calibration import calibrate
 from relaxspec.eval.datasets import title
 from relaxspec.eval.records import ResultsStore
 from relaxspec.eval.rows import Cell, latest_records
@@ -138,8 +140,31 @@ def run_tournament(config: TournamentConfig) -> dict[str, Any]:
     results = []
     for bench in benches:
         run_bench(bench, extra_cells=untruncated_ar_cells(plan(bench)))
-        results += analyse(ResultsStore(bench.out).records)
+        groups = analyse(ResultsStore(bench.out).records)
+        if bench.temperature > 0:  # does each row sample the target's law? (eval/calibration.py)
+            attach_law(groups, calibrate(bench.out, progress=config.progress))
+        results += groups
     return write_tournament(Path(config.out), results, config)
+
+
+LAW_FIELDS = ("positions", "argmax_excess", "z_argmax", "mass_excess", "z_mass", "outside_support", "verdict")
+
+
+def attach_law(groups: Sequence[dict[str, Any]], laws: Sequence[dict[str, Any]]) -> None:
+    """Give each sampling row of ``groups`` its calibration figures (``row["law"]``) from the rows
+    :func:`relaxspec.eval.calibration.calibrate` returned for the same bench run."""
+    by_name = {
+        (
+            law["dataset"],
+            float(law["sampling"]["temperature"]),
+            row_name(Cell.from_dict({**law, "seed": 0})),
+        ): law
+        for law in laws
+    }
+    for group in groups:
+        for row in group["rows"]:
+            law = by_name.get((group["dataset"], float(group["temperature"]), row["name"]))
+            row["law"] = {k: law[k] for k in LAW_FIELDS} if law else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +370,14 @@ def _delta_text(d: dict[str, Any] | None) -> str:
     return f"{d['delta']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]" if d else "–"
 
 
+def _law_text(law: dict[str, Any] | None) -> str:
+    """The calibration of a sampling row: how much more often than the target's law it emits the
+    target's top token (percentage points per token), its z and verdict."""
+    if not law or law.get("z_argmax") is None:
+        return "–"
+    return f"top token {100 * law['argmax_excess']:+.2f} pp (z {law['z_argmax']:+.1f}, {law['verdict']})"
+
+
 def summary(results: Sequence[dict[str, Any]]) -> list[str]:
     """Plain lines, one per relaxed row and a recommendation per (dataset, temperature)."""
     lines = []
@@ -359,9 +392,10 @@ def summary(results: Sequence[dict[str, Any]]) -> list[str]:
             word = judge(r, delta_key)
             paying += [r] if word == "pays" else []
             tau_text = f"τ {r['tau']:.2f} vs {sd_tau}" if r.get("tau") else "τ –"
+            law = f"; vs the target's law: {_law_text(r['law'])}" if r.get("law") else ""
             lines.append(
                 f"{where}: {r['name']} runs {_speed_text(r.get('vs_sd_speed'))} ({tau_text}); "
-                f"quality vs {base_name} {_delta_text(r.get(delta_key))} -> {VERDICT_WORDS[word]}"
+                f"quality vs {base_name} {_delta_text(r.get(delta_key))}{law} -> {VERDICT_WORDS[word]}"
             )
         best = max(paying, key=lambda r: r["vs_sd_speed"]["estimate"], default=None)
         if best:
@@ -393,8 +427,9 @@ def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
         lines += [
             f"## {g['dataset']}, T = {g['temperature']:g}",
             "",
-            "| row | speed-up vs AR | × exact SD | τ | quality | Δ vs AR | Δ vs top-p AR | Pareto |",
-            "|---|---:|---:|---:|---:|---:|---:|:-:|",
+            "| row | speed-up vs AR | × exact SD | τ | quality | Δ vs AR | Δ vs top-p AR | Pareto "
+            "| law check |",
+            "|---|---:|---:|---:|---:|---:|---:|:-:|---|",
         ]
         for r in g["rows"]:
             q = r["quality"]
@@ -402,7 +437,8 @@ def markdown(results: Sequence[dict[str, Any]], command: str) -> str:
                 f"| {r['name']} | {_iv(r['speedup'])} | {_iv(r.get('vs_sd_speed'))} | "
                 f"{'–' if r.get('tau') is None else format(r['tau'], '.2f')} | "
                 f"{_iv(q)} (n={q['n'] if q else 0}) | "
-                f"{_delta(r['vs_ar'])} | {_delta(r['vs_top_p_ar'])} | {'✓' if r['pareto'] else ''} |"
+                f"{_delta(r['vs_ar'])} | {_delta(r['vs_top_p_ar'])} | {'✓' if r['pareto'] else ''} | "
+                f"{_law_text(r.get('law'))} |"
             )
         v = g["verdict"]
         fails = "; ".join(f"{m}: {'measurable loss at ' + n if n else 'no measurable loss on the grid'}"
