@@ -279,3 +279,14 @@ def test_cells_differing_only_in_top_p_get_their_own_runner(monkeypatch):
     runners, broken = bench.warm_up(cells, None, {"d": [Example("e", "w1")]}, config)
     assert not broken and sorted(built) == [0.9, 1.0]
     assert [runners[c.runner_key](None, 0)["text"] for c in cells] == ["0.9", "1.0"]
+
+
+def test_law_text_words_the_calibration():
+    from relaxspec.eval.tournament import _law_text
+
+    law = {"argmax_excess": 0.0113, "z_argmax": 5.1, "p_argmax": 3e-7, "p_mass": 3e-6, "verdict": "departs"}
+    assert _law_text(law) == "top token +1.13 pp (z +5.1, departs)"
+    law.update(z_argmax=-2.7, p_argmax=0.007, p_mass=0.2, verdict="consistent", argmax_excess=-0.0061)
+    assert _law_text(law) == "top token -0.61 pp (z -2.7, not decisive)"
+    law.update(p_argmax=0.3)
+    assert "within noise" in _law_text(law) and _law_text(None) == "–"

@@ -147,7 +147,10 @@ def run_tournament(config: TournamentConfig) -> dict[str, Any]:
     return write_tournament(Path(config.out), results, config)
 
 
-LAW_FIELDS = ("positions", "argmax_excess", "z_argmax", "mass_excess", "z_mass", "outside_support", "verdict")
+LAW_FIELDS = (
+    "positions", "argmax_excess", "z_argmax", "p_argmax", "mass_excess", "z_mass", "p_mass",
+    "outside_support", "verdict",
+)  # fmt: skip
 
 
 def attach_law(groups: Sequence[dict[str, Any]], laws: Sequence[dict[str, Any]]) -> None:
@@ -375,7 +378,9 @@ def _law_text(law: dict[str, Any] | None) -> str:
     target's top token (percentage points per token), its z and verdict."""
     if not law or law.get("z_argmax") is None:
         return "–"
-    return f"top token {100 * law['argmax_excess']:+.2f} pp (z {law['z_argmax']:+.1f}, {law['verdict']})"
+    smallest = min(p for p in (law["p_argmax"], law["p_mass"]) if p is not None)
+    word = "departs" if law["verdict"] == "departs" else "not decisive" if smallest < 0.05 else "within noise"
+    return f"top token {100 * law['argmax_excess']:+.2f} pp (z {law['z_argmax']:+.1f}, {word})"
 
 
 def summary(results: Sequence[dict[str, Any]]) -> list[str]:
