@@ -111,6 +111,19 @@ def test_tokens_relabelled_as_another_temperature_depart(model_dirs, prompts, tm
         assert row["verdict"] == "departs" and row["z_argmax"] > 5, row
 
 
+def test_rows_checked_against_another_temperature(model_dirs, prompts, tmp_path):
+    """Rows sampled at T = 0.5 pass at their own temperature and depart from the T = 1 law."""
+    out = tmp_path / "r"
+    _bench(model_dirs, prompts, out, 0.5, ["sd"])
+    assert all(row["verdict"] == "consistent" for row in cal.calibrate(out))
+    for row in cal.calibrate(out, against=1.0):
+        assert row["verdict"] == "departs" and row["z_argmax"] > 5 and row["law_temperature"] == 1.0
+    assert (out / "calibration-at-T1.json").is_file()
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(RelaxSpecError, match="reference temperature"):
+            cal.calibrate(out, against=bad)
+
+
 def test_an_eos_ending_counts_its_eos(model_dirs, prompts, tmp_path):
     from relaxspec.methods import load_role
 

@@ -190,15 +190,20 @@ def calibrate_cmd(
     target: Annotated[
         Path | None, typer.Option(help="the run's target, if it moved (its fingerprint must match)")
     ] = None,
+    law_temperature: Annotated[
+        float | None,
+        typer.Option(help="check every row against the target's law at this temperature, not its own"),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Does each sampling row (T > 0) emit tokens from the target's law? Per-token martingale
-    z-scores from one teacher-forced target forward per record; table, and <results>/calibration.json."""
+    z-scores from one teacher-forced target forward per record; a table, and JSON in the results."""
     from relaxspec.eval.calibration import calibrate, calibration_table
 
-    rows = calibrate(results, target_dir=target, progress=progress)
+    rows = calibrate(results, target_dir=target, progress=progress, against=law_temperature)
     print(calibration_table(rows))
-    print(f"wrote {results / 'calibration.json'}")
+    name = "calibration.json" if law_temperature is None else f"calibration-at-T{law_temperature:g}.json"
+    print(f"wrote {results / name}")
 
 
 @app.command("reproduce")

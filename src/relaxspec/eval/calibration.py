@@ -153,14 +153,17 @@ def generation_logits(
     return model_logits(model, ids, new_cache(model), logits_to_keep=len(tokens) + 1)[0].cpu()
 
 
-def record_sums(target: LoadedModel, prompt: str, record: dict[str, Any]) -> Sums:
+def record_sums(
+    target: LoadedModel, prompt: str, record: dict[str, Any], against: float | None = None
+) -> Sums:
     """The terms of one bench record's emitted tokens under ``target``'s law at the record's
-    sampling settings. A record that ended at EOS gets it back as its last drawn token (with
-    several EOS ids, the one the target finds likeliest there). A token counts as outside the
-    law's support only past the top-p boundary widened by :data:`SUPPORT_SLACK`."""
+    sampling settings (at temperature ``against`` instead of the record's, if given). A record
+    that ended at EOS gets it back as its last drawn token (with several EOS ids, the one the
+    target finds likeliest there). A token counts as outside the law's support only past the
+    top-p boundary widened by :data:`SUPPORT_SLACK`."""
     sampling = record["cell"]["sampling"]
     params = SamplingParams(
-        temperature=float(sampling["temperature"]),
+        temperature=float(sampling["temperature"]) if against is None else against,
         top_k=int(sampling.get("top_k", 0)),
         top_p=float(sampling.get("top_p", 1.0)),
     )
@@ -233,12 +236,20 @@ def _row_key(cell: Cell) -> str:
 
 
 def calibrate(
-    results_dir: str | Path, target_dir: Path | None = None, progress: bool = False
+    results_dir: str | Path,
+    target_dir: Path | None = None,
+    progress: bool = False,
+    against: float | None = None,
 ) -> list[dict[str, Any]]:
     """Check every sampling row of a bench results directory against its target's law; the rows
-    (module docstring) are returned and written to ``<results>/calibration.json``."""
+    (module docstring) are returned and written to ``<results>/calibration.json``. ``against``:
+    check every row against the law at that temperature instead of its own (same top-k / top-p),
+    e.g. to express rows sampled at several temperatures as departures from one reference law;
+    written to ``<results>/calibration-at-T<against>.json``."""
     from relaxspec.eval.bench import progress_bar
 
+    if against is not None and not (isinstance(against, int | float) and 0 < against < math.inf):
+        raise RelaxSpecError(f"the reference temperature must be a number > 0, got {against!r}")
     results_dir = Path(results_dir)
     rows = sampled_records(results_dir)
     target = _target(results_dir, load_manifest(results_dir), target_dir)
@@ -256,9 +267,11 @@ def calibrate(
             sums = Sums()
             for record in recs:
                 bar.update(task, advance=1, cell=labels[cell.key])
-                sums = sums + record_sums(target, prompts[cell.dataset][record["example"]].prompt, record)
-            out.append(_row(cell, labels[cell.key], recs, sums))
-    atomic.write_json(results_dir / "calibration.json", {"rows": out})
+                prompt = prompts[cell.dataset][record["example"]].prompt
+                sums = sums + record_sums(target, prompt, record, against)
+            out.append({**_row(cell, labels[cell.key], recs, sums), "law_temperature": against})
+    name = "calibration.json" if against is None else f"calibration-at-T{against:g}.json"
+    atomic.write_json(results_dir / name, {"rows": out})
     return out
 
 
@@ -284,13 +297,14 @@ def calibration_table(rows: Sequence[dict[str, Any]]) -> str:
     w = max([3, *(len(r["label"]) for r in rows)])
     d = max([7, *(len(Path(r["dataset"]).name) for r in rows)])
     lines = [
-        f"{'row':<{w}} {'dataset':<{d}} {'T':>4} {'top-p':>5} {'tokens':>7} {'argmax excess':>13} {'z':>6} "
-        f"{'p(x) excess':>11} {'z':>6} {'outside':>7}  verdict"
+        f"{'row':<{w}} {'dataset':<{d}} {'T':>4} {'law T':>5} {'top-p':>5} {'tokens':>7} "
+        f"{'argmax excess':>13} {'z':>6} {'p(x) excess':>11} {'z':>6} {'outside':>7}  verdict"
     ]
     for r in rows:
         s, name = r["sampling"], Path(r["dataset"]).name
+        law_t = s["temperature"] if r.get("law_temperature") is None else r["law_temperature"]
         lines.append(
-            f"{r['label']:<{w}} {name:<{d}} {s['temperature']:>4g} {s.get('top_p', 1.0):>5g} "
+            f"{r['label']:<{w}} {name:<{d}} {s['temperature']:>4g} {law_t:>5g} {s.get('top_p', 1.0):>5g} "
             f"{r['positions']:>7} {r['argmax_excess']:>+13.4f} {z(r['z_argmax']):>6} "
             f"{r['mass_excess']:>+11.4f} {z(r['z_mass']):>6} {r['outside_support']:>7}  {r['verdict']}"
         )
