@@ -474,7 +474,9 @@ QUALITY_REPORTING = (
     "[95 % interval]`: the ratio of total tokens over total seconds of the two rows on the same "
     "prompts, its interval a delete-a-prompt jackknife of the log ratio (a prompt's timings under "
     "both rows, all its seeds, left out together); it covers prompt-to-prompt variation, not "
-    "drift between separate runs.\n"
+    "drift between separate runs. Whether a sampling row's tokens are draws from the target's law "
+    "(what a lossless method promises at T > 0) is checked per token by `relaxspec calibrate "
+    "RESULTS` (docs/design.md §6).\n"
 )
 
 
