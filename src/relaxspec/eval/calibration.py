@@ -61,7 +61,7 @@ class Sums:
     argmax_var: float = 0.0  # Σ m_t (1 − m_t)
     mass: float = 0.0  # Σ E_t
     mass_var: float = 0.0  # Σ (Σ p³ − (Σ p²)²)
-    outside: int = 0  # emitted tokens the processed law gives probability 0
+    outside: int = 0  # emitted tokens outside the support a lossless row may emit from
     bin_positions: list[float] = field(default_factory=_zeros)
     bin_hits: list[float] = field(default_factory=_zeros)  # Σ 1{x_t = argmax p_t} per bin of m_t
     bin_expected: list[float] = field(default_factory=_zeros)  # Σ m_t per bin
