@@ -446,8 +446,9 @@ POISON_AT = 60  # a batched forward that reaches this position fails (a row-spec
 def test_a_forward_failing_for_one_row_fails_only_that_request(target, monkeypatch):
     """Layer 1 raises mid-forward (after layer 0 extended the shared KV cache) whenever a row
     reaches position 60: only the long request fails, 20 tokens after it joined; the others,
-    batched with it (56 tokens each, so they are still decoding then, however fast a step is, and
-    never reach position 60), complete with exactly their outputs alone."""
+    batched with it (56 tokens each, never reaching position 60; until the long one joins them,
+    their batched steps take 20 ms, so a slow start of its thread under load cannot let them
+    finish first), complete with exactly their outputs alone."""
     import torch
 
     from relaxspec.core.sampling import SamplingParams
@@ -462,8 +463,14 @@ def test_a_forward_failing_for_one_row_fails_only_that_request(target, monkeypat
     original = layer.forward
     failures = []
 
+    joined = threading.Event()
+
     def poisoned(*args, **kwargs):
         positions = kwargs.get("position_ids")
+        if positions is not None and positions.shape[0] == 4:
+            joined.set()
+        elif positions is not None and positions.shape[0] == 3 and not joined.is_set():
+            time.sleep(0.02)  # the three pace themselves until the long one is in their batch
         if positions is not None and int(positions.max()) >= POISON_AT:
             failures.append(int(positions.shape[0]))
             raise RuntimeError("poisoned row")
