@@ -163,11 +163,24 @@ def test_grid_bad_input(methods, peers, sets, match):
         ({"seeds": [-1]}, "seeds"),
         ({"methods": []}, "no methods"),
         ({"temperature": -1.0}, "temperature"),
+        ({"temperature": 1.0, "more_temperatures": [-0.5]}, "temperature"),
+        ({"temperature": 1.0, "more_temperatures": [1.0]}, "distinct"),
+        ({"temperature": 0.0, "more_temperatures": [1.0]}, "all > 0"),
     ],
 )
 def test_config_bad_input(changes, match):
     with pytest.raises(RelaxSpecError, match=match):
         plan(BenchConfig(**{"methods": ["sd"], **changes}))
+
+
+def test_a_grid_at_several_temperatures_repeats_every_cell_at_each():
+    one = plan(BenchConfig(methods=["sd"], temperature=1.0, top_p=0.95, peers=[]))
+    both = plan(BenchConfig(methods=["sd"], temperature=1.0, more_temperatures=[0.9], top_p=0.95, peers=[]))
+    assert len(both) == 2 * len(one)
+    assert sorted({c.sampling["temperature"] for c in both}) == [0.9, 1.0]
+    assert [(c.method, c.params) for c in both if c.sampling["temperature"] == 0.9] == [
+        (c.method, c.params) for c in one
+    ]
 
 
 # --- datasets ----------------------------------------------------------------------------------
@@ -358,11 +371,22 @@ def test_cli_bench(model_dirs, prompts, tmp_path, monkeypatch, capsys):
     )  # fmt: skip
     assert code == 0, err
     assert "nsd k=2" in out and (tmp_path / "r" / "results.md").is_file()
+    code, out, err = run_cli(
+        monkeypatch, capsys,
+        "bench", "--methods", "sd", "--k", "2", "--temperature", "1,0.5", "--top-p", "0.95",
+        "--max-new-tokens", "4", "--limit", "2", "--peers", "none", "--out", str(tmp_path / "t"), *common,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "sampling at T = 1," in out and "sampling at T = 0.5," in out  # a summary per temperature
+    md = (tmp_path / "t" / "results.md").read_text()
+    assert "| T |" in md and "| 0.5 |" in md
     for args, message in [
         (["--methods", "sd,warp"], "unknown method 'warp'"),
         (["--set", "sd.theta=0.9"], "has no parameter theta"),
         (["--limit", "0"], "--limit must be"),
         (["--seeds", "x"], "--seeds expects"),
+        (["--temperature", "1,hot"], "--temperature expects"),
+        (["--temperature", "1,1"], "distinct"),
         (["--out", "/proc/forbidden/results"], "cannot write results"),
     ]:
         code, _, err = run_cli(monkeypatch, capsys, "bench", *args, *common)

@@ -37,7 +37,12 @@ def bench_cmd(
         ),
     ] = None,
     limit: Annotated[int, typer.Option(help="prompts per dataset")] = 10,
-    temperature: float = 0.0,
+    temperature: Annotated[
+        str,
+        typer.Option(
+            help="sampling temperature; several (e.g. 1,0.9) run the whole grid at each, in one run"
+        ),
+    ] = "0",
     top_k: int = 0,
     top_p: float = 1.0,
     seeds: Annotated[str, typer.Option(help="comma-separated seeds, one cell per seed")] = "0",
@@ -86,11 +91,18 @@ def bench_cmd(
     from relaxspec.eval.bench import BenchConfig, run_bench
     from relaxspec.eval.grid import parse_models, parse_peers, parse_seeds, split_list
 
+    try:
+        temps = [float(t) for t in split_list(temperature)]
+    except ValueError:
+        raise RelaxSpecError(f"--temperature expects comma-separated numbers, got {temperature!r}") from None
+    if not temps:
+        raise RelaxSpecError("--temperature expects a number")
     config = BenchConfig(
         methods=split_list(methods),
         datasets=[str(prompts)] if prompts is not None else split_list(dataset),
         limit=limit,
-        temperature=temperature,
+        temperature=temps[0],
+        more_temperatures=temps[1:],
         top_k=top_k,
         top_p=top_p,
         seeds=parse_seeds(seeds),

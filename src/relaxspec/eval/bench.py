@@ -65,6 +65,9 @@ class BenchConfig:
     datasets: list[str] = field(default_factory=lambda: ["math"])
     limit: int = 10
     temperature: float = 0.0
+    # The whole grid again at each of these temperatures, interleaved in the same run (so a row at
+    # one temperature and a row at another compare on the same timings); every temperature > 0.
+    more_temperatures: list[float] = field(default_factory=list)
     top_k: int = 0
     top_p: float = 1.0
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -93,12 +96,15 @@ def _check_config(config: BenchConfig) -> None:
         isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in config.seeds
     ):
         raise RelaxSpecError(f"seeds must be non-negative integers, got {config.seeds!r}")
-    SamplingParams(
-        temperature=config.temperature,
-        top_k=config.top_k,
-        top_p=config.top_p,
-        max_new_tokens=config.max_new_tokens,
-    )
+    temperatures = [config.temperature, *config.more_temperatures]
+    for t in temperatures:
+        SamplingParams(
+            temperature=t, top_k=config.top_k, top_p=config.top_p, max_new_tokens=config.max_new_tokens
+        )
+    if len(temperatures) > 1 and (len(set(temperatures)) < len(temperatures) or min(temperatures) <= 0):
+        raise RelaxSpecError(
+            f"several temperatures must be distinct and all > 0 (greedy rows run alone), got {temperatures}"
+        )
 
 
 def plan(config: BenchConfig) -> list[Cell]:
@@ -119,6 +125,11 @@ def plan(config: BenchConfig) -> list[Cell]:
     cells = expand_grid(
         config.methods, peers, parse_sets(config.sets), config.datasets, config.seeds, sampling, config.engine
     )
+    cells += [
+        replace(c, sampling={**c.sampling, "temperature": t})
+        for t in config.more_temperatures
+        for c in list(cells)
+    ]
     if config.peers is None:  # default peers: only those whose models exist
         have = {r for r in ("target", "draft") if Path(config.models.get(r) or bundled(r)).exists()}
         if is_eagle_dir(config.models.get("draft") or bundled("draft")):

@@ -113,8 +113,18 @@ def dataset_name(dataset: str) -> str:
     return Path(dataset).stem if dataset.endswith(".jsonl") else dataset
 
 
+def with_temperature(rows: Sequence[Row], columns: Sequence[tuple[str, Callable[[Row], str]]]) -> list:
+    """``columns`` with a ``T`` column after ``data`` where ``rows`` hold several temperatures (a
+    grid run at several, ``--temperature 1,0.9``), else unchanged."""
+    cols = list(columns)
+    if len({r.temperature for r in rows}) > 1:
+        at = next((i + 1 for i, (name, _) in enumerate(cols) if name == "data"), 1)
+        cols.insert(at, ("T", lambda r: f"{r.temperature:g}"))
+    return cols
+
+
 def markdown_table(rows: Sequence[Row], columns: Sequence[tuple[str, Callable[[Row], str]]] = ()) -> str:
-    cols = list(columns) or COLUMNS
+    cols = with_temperature(rows, list(columns) or COLUMNS)
     lines = [
         "| " + " | ".join(name for name, _ in cols) + " |",
         "|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|",
@@ -130,10 +140,11 @@ def print_table(rows: Sequence[Row], title: str) -> None:
 
     shows_intervals = any(r.quality_ci or r.ar_identical_ci or r.speedup_ci for r in rows)
     table = Table(title=title, caption=QUALITY_NOTE if shows_intervals else None)
-    for name, _ in TERMINAL_COLUMNS:
+    columns = with_temperature(rows, TERMINAL_COLUMNS)
+    for name, _ in columns:
         table.add_column(name, justify="left" if name == "runner" else "right")
     for r in rows:
-        table.add_row(*(fn(r) for _, fn in TERMINAL_COLUMNS))
+        table.add_row(*(fn(r) for _, fn in columns))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
     for line in plain_summary(rows):
         print(line)
