@@ -364,18 +364,13 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 def test_cli_bench(model_dirs, prompts, tmp_path, monkeypatch, capsys):
     target, draft = model_dirs
     common = ["--target", str(target), "--draft", str(draft), "--prompts", str(prompts), "--no-progress"]
-    code, out, err = run_cli(
-        monkeypatch, capsys,
-        "bench", "--methods", "sd,nsd", "--set", "nsd.theta=0.9", "--k", "2", "--seeds", "0",
-        "--max-new-tokens", "4", "--limit", "2", "--peers", "none", "--out", str(tmp_path / "r"), *common,
-    )  # fmt: skip
+    small = ["bench", "--k", "2", "--max-new-tokens", "4", "--limit", "2", "--peers", "none", *common]
+    grid = ["--methods", "sd,nsd", "--set", "nsd.theta=0.9", "--seeds", "0", "--out", str(tmp_path / "r")]
+    code, out, err = run_cli(monkeypatch, capsys, *small, *grid)
     assert code == 0, err
     assert "nsd k=2" in out and (tmp_path / "r" / "results.md").is_file()
-    code, out, err = run_cli(
-        monkeypatch, capsys,
-        "bench", "--methods", "sd", "--k", "2", "--temperature", "1,0.5", "--top-p", "0.95",
-        "--max-new-tokens", "4", "--limit", "2", "--peers", "none", "--out", str(tmp_path / "t"), *common,
-    )  # fmt: skip
+    several = ["--temperature", "1,0.5", "--top-p", "0.95", "--out", str(tmp_path / "t")]
+    code, out, err = run_cli(monkeypatch, capsys, *small, "--methods", "sd", *several)
     assert code == 0, err
     assert "sampling at T = 1," in out and "sampling at T = 0.5," in out  # a summary per temperature
     md = (tmp_path / "t" / "results.md").read_text()
