@@ -210,12 +210,11 @@ def calibrate_cmd(
 ) -> None:
     """Does each sampling row (T > 0) emit tokens from the target's law? Per-token martingale
     z-scores from one teacher-forced target forward per record; a table, and JSON in the results."""
-    from relaxspec.eval.calibration import calibrate, calibration_table
+    from relaxspec.eval.calibration import calibrate, calibration_path, calibration_table
 
     rows = calibrate(results, target_dir=target, progress=progress, against=law_temperature)
     print(calibration_table(rows))
-    name = "calibration.json" if law_temperature is None else f"calibration-at-T{law_temperature:g}.json"
-    print(f"wrote {results / name}")
+    print(f"wrote {calibration_path(results, law_temperature)}")
 
 
 @app.command("reproduce")

@@ -19,7 +19,6 @@ drawn); stop strings and token budgets are stopping times and need nothing.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -35,9 +34,10 @@ from relaxspec.engine.kv import model_logits, new_cache
 from relaxspec.engine.loop import default_eos_ids
 from relaxspec.engine.packed import KERNELS
 from relaxspec.errors import RelaxSpecError
+from relaxspec.eval.bench import progress_bar
 from relaxspec.eval.datasets import Example, load_examples
 from relaxspec.eval.records import load_manifest, load_records, model_fingerprint
-from relaxspec.eval.rows import Cell, display_labels, latest_records
+from relaxspec.eval.rows import Cell, display_labels, records_by_cell
 from relaxspec.methods import load_role
 from relaxspec.models import LoadedModel
 
@@ -215,24 +215,27 @@ def _target(results_dir: Path, manifest: dict[str, Any], target_dir: Path | None
     return load_role("target", path, kernels)
 
 
-def sampled_records(results_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """The latest error-free records of every sampling row (T > 0), keyed by the row's cell key
-    without its seed (a row pools its seeds)."""
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for record in latest_records(load_records(results_dir)).values():
-        cell = Cell.from_dict(record["cell"])
-        if record.get("error") or float(cell.sampling.get("temperature", 0)) <= 0:
-            continue
-        rows.setdefault(_row_key(cell), []).append(record)
+def sampled_records(results_dir: Path) -> tuple[dict[str, Cell], dict[str, list[dict[str, Any]]]]:
+    """The sampling rows (T > 0) of a results directory, seeds pooled (:func:`records_by_cell`):
+    their cells and latest error-free records, by pooled cell key."""
+    cells, by_cell, _ = records_by_cell(load_records(results_dir), combine_seeds=True)
+    rows = {
+        key: [r for r in records if not r.get("error")]
+        for key, records in by_cell.items()
+        if float(cells[key].sampling.get("temperature", 0)) > 0
+    }
+    rows = {key: records for key, records in rows.items() if records}
     if not rows:
         raise RelaxSpecError(
             f"{results_dir}: no sampling rows (T > 0) to check; greedy rows are checked by agreement"
         )
-    return rows
+    return {key: cells[key] for key in rows}, rows
 
 
-def _row_key(cell: Cell) -> str:
-    return json.dumps([cell.method, cell.params, cell.dataset, cell.sampling], sort_keys=True)
+def calibration_path(results_dir: str | Path, against: float | None = None) -> Path:
+    """Where :func:`calibrate` writes its rows: one file per reference temperature."""
+    name = "calibration.json" if against is None else f"calibration-at-T{against:g}.json"
+    return Path(results_dir) / name
 
 
 def calibrate(
@@ -246,32 +249,28 @@ def calibrate(
     check every row against the law at that temperature instead of its own (same top-k / top-p),
     e.g. to express rows sampled at several temperatures as departures from one reference law;
     written to ``<results>/calibration-at-T<against>.json``."""
-    from relaxspec.eval.bench import progress_bar
-
     if against is not None and not (isinstance(against, int | float) and 0 < against < math.inf):
         raise RelaxSpecError(f"the reference temperature must be a number > 0, got {against!r}")
     results_dir = Path(results_dir)
-    rows = sampled_records(results_dir)
+    cells, rows = sampled_records(results_dir)
     target = _target(results_dir, load_manifest(results_dir), target_dir)
     datasets = {r["cell"]["dataset"] for recs in rows.values() for r in recs}
     prompts = {
         d: _examples(d, {r["example"] for recs in rows.values() for r in recs if r["cell"]["dataset"] == d})
         for d in datasets
     }
-    cells = [Cell.from_dict(recs[0]["cell"]) for recs in rows.values()]
-    labels = display_labels(cells)
+    labels = display_labels(cells.values())
     out = []
     with progress_bar(progress) as bar:
         task = bar.add_task("calibration", total=sum(len(r) for r in rows.values()), cell="")
-        for cell, recs in zip(cells, rows.values(), strict=True):
-            sums = Sums()
+        for key, recs in rows.items():
+            cell, sums = cells[key], Sums()
             for record in recs:
                 bar.update(task, advance=1, cell=labels[cell.key])
                 prompt = prompts[cell.dataset][record["example"]].prompt
                 sums = sums + record_sums(target, prompt, record, against)
             out.append({**_row(cell, labels[cell.key], recs, sums), "law_temperature": against})
-    name = "calibration.json" if against is None else f"calibration-at-T{against:g}.json"
-    atomic.write_json(results_dir / name, {"rows": out})
+    atomic.write_json(calibration_path(results_dir, against), {"rows": out})
     return out
 
 
