@@ -63,8 +63,7 @@ def summarize(out: str, reference: float) -> None:
     figures = {k: R.per_prompt(v, {}) for k, v in by_cell.items()}
     for k, name in names.items():
         q = R.figure_interval(figures[k]["quality"], True)
-        stats = [r["stats"] for r in by_cell[k]]
-        tau = sum(s["new_tokens"] for s in stats) / max(1, sum(s["verifier_calls"] for s in stats))
+        tau = R.merged_stats(r["stats"] for r in by_cell[k]).tau
         line = f"{name:<18} τ {tau:5.2f}  pass@1 {q['estimate']:.3f} [{q['low']:.3f}–{q['high']:.3f}]"
         if k != base:
             sp = R.speed_interval(times[k], times[base])
