@@ -93,6 +93,7 @@ SAMPLES: dict[str, tuple[Callable[[], Iterable], str]] = {
         "884f13cc9ca424ec",
     ),
     "mathquotes": (lambda: mathquotes.train_quote_problems(20), "8d8b3b982d54fd61"),
+    "mathorder": (lambda: mathquotes.train_ordered_problems(20), "a2de84d805e5fc9a"),
 }
 
 

@@ -195,7 +195,7 @@ def test_training_mix_takes_the_synthetic_sources(corpus, tmp_path):
     tokenizer = train_tokenizer(corpus, tok_dir, vocab_size=400, n_math=300)
     assert set(TRAIN_SOURCES) == {
         *("math", "code", "synthcode", "math_broad", "synthpipes", "math_styles"),
-        *("codevar", "mathvar", "mathquote"),
+        *("codevar", "mathvar", "mathquote", "mathorder"),
     }
     weights = {"math": 0.3, "code": 0.2, "synthcode": 0.3, "math_broad": 0.2}
     mixture, heldout = training_data(corpus, tokenizer, weights, seq_len=32, heldout_windows=2)

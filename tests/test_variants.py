@@ -170,6 +170,7 @@ def test_math_splits_are_disjoint_and_deterministic():
 def test_corpus_rows_and_datasets():
     rows = variant_rows(60, 60, 20)
     assert len(rows["codevar_train"]) == len(rows["mathvar_train"]) == len(rows["mathquote_train"]) == 60
+    assert len(rows["mathorder_train"]) == 60
     held = ("codevar_eval", "codevar_combos_eval", "codevar_phrasing_eval", "mathvar_eval")
     assert all(len(rows[n]) == 20 and "prompt" in rows[n][0] for n in held)
     with pytest.raises(RelaxSpecError, match="at least 1"):
@@ -254,6 +255,20 @@ def test_quoted_solutions_walk_the_clauses_and_compute_correctly():
             eqs, last = eqs + 1, int(c)
         assert eqs == p.steps and last == p.answer
     assert unused > 20  # distractor facts are quoted and marked
+
+
+def test_ordered_solutions_are_the_quoted_walk_without_its_quotes():
+    problems = mathquotes.train_ordered_problems(300)
+    assert problems[:20] == mathquotes.train_ordered_problems(20)  # deterministic
+    quoted = mathquotes.train_quote_problems(300)
+    assert [p.prompt for p in problems] == [q.prompt for q in quoted]  # the same questions
+    for p, q in zip(problems, quoted, strict=True):
+        assert p.answer == q.answer and p.solution.endswith(f"#### {p.answer}")
+        assert not any(line.startswith("> ") for line in p.solution.splitlines())
+        # the same steps in the same order as the quoted walk (wordings are drawn separately)
+        steps = [tuple(map(int, (m[0], m[2], m[3]))) for m in _EQ.findall(p.solution)]
+        walk = [tuple(map(int, (m[0], m[2], m[3]))) for m in _EQ.findall(q.solution)]
+        assert steps == walk and len(steps) == p.steps, p.question
 
 
 def test_question_clauses_split_facts_and_read_spelled_numbers():

@@ -161,7 +161,8 @@ def build_corpus(out_dir: str | Path, config: CorpusConfig | None = None) -> dic
       ``codevar_phrasing_eval`` and ``mathvar_eval`` / ``mathvar_families_eval`` /
       ``mathvar_phrasing_eval`` — held out by seed, by combination (scenario family) and by phrasing;
       ``mathquote_train.jsonl`` — as many math rows whose steps quote their facts
-      (:mod:`relaxspec.data.mathquotes`), scored on the same held-out sets.
+      (:mod:`relaxspec.data.mathquotes`) and ``mathorder_train.jsonl`` as many whose steps follow
+      the question's order without quotes, both scored on the same held-out sets.
     - ``manifest.json`` — Python version, counts, held-out module list, characters per source.
     """
     config = config or CorpusConfig()
@@ -236,6 +237,7 @@ CHAR_COUNTED = (
     "codevar_train",
     "mathvar_train",
     "mathquote_train",
+    "mathorder_train",
 )
 
 
@@ -343,6 +345,7 @@ def variant_rows(n_code: int, n_math: int, n_eval: int) -> dict[str, list[dict]]
     }
     math_train = mathvariants.train_variant_problems(n_math)
     quote_train = mathquotes.train_quote_problems(n_math)
+    order_train = mathquotes.train_ordered_problems(n_math)  # the questions of quote_train
     math_held = {
         "mathvar_eval": mathvariants.heldout_seed_variant_problems(n_eval),
         "mathvar_families_eval": mathvariants.heldout_family_variant_problems(n_eval),
@@ -359,5 +362,6 @@ def variant_rows(n_code: int, n_math: int, n_eval: int) -> dict[str, list[dict]]
         **{name: [_code_row(t, held_out=True) for t in ts] for name, ts in code_held.items()},
         "mathvar_train": [_math_row(p) for p in math_train],
         "mathquote_train": [_math_row(p) for p in quote_train],
+        "mathorder_train": [_math_row(p) for p in order_train],
         **{name: [_math_row(p, held_out=True) for p in ps] for name, ps in math_held.items()},
     }

@@ -1,4 +1,4 @@
-"""Math solutions that walk the question's facts in order and quote each one (issue 29).
+"""Math solutions that walk the question's facts in order, quoting each one or not (issue 29).
 
 Most wrong answers of the variant-trained target are *plan* errors, not arithmetic: a number read
 from the wrong fact, a fact skipped, a stop before the last one (docs/models.md, "Why the math
@@ -8,8 +8,9 @@ soon as the clauses it needs are quoted, worded as a :mod:`mathvariants` variant
 is always the next clause, and the numbers a step uses sit just above it. A number is *new* when
 no earlier step (in the generator's order) produced it; it is traced to a clause as a digit
 string, a spelled number (``twelve``) or a multiplier word (``doubles``, ``half``). A problem whose
-numbers cannot all be traced keeps its plain variant. Training seeds from
-:data:`QUOTE_SEED_START`; scored on :mod:`mathvariants`' held-out sets (the same prompts).
+numbers cannot all be traced keeps its plain variant. :func:`ordered_solution` writes the same
+walk without the quote lines (steps in the order the question states their facts). Training seeds
+from :data:`QUOTE_SEED_START`; scored on :mod:`mathvariants`' held-out sets (the same prompts).
 """
 
 from __future__ import annotations
@@ -103,15 +104,15 @@ def _ready(problem: MathProblem, plan: list[list[int]]) -> list[int]:
     return ready
 
 
-def quote_solution(problem: MathProblem, r: random.Random) -> str:
-    """A solution that walks the question's clauses in order: each quoted once as ``> clause``
-    (``(not needed)`` after one no step uses), each step written as soon as the clauses it needs
-    are quoted (:func:`_ready`; ties in the generator's order), worded as a variant
-    (:func:`vary_solution`). The plain variant when the plan cannot be traced."""
+def walk_order(problem: MathProblem) -> tuple[list[list[str]], list[int]] | None:
+    """The walk through ``problem``'s clauses: per generator step the ``> clause`` lines quoted just
+    above it (``(not needed)`` after one no step uses), and the step order, each step written as soon
+    as the clauses it needs are quoted (:func:`_ready`; ties in the generator's order). None when the
+    plan cannot be traced (:func:`quote_plan`)."""
     clauses = question_clauses(problem.question)
     plan = quote_plan(problem, clauses)
     if plan is None:
-        return vary_solution(problem, r)
+        return None
     used = {i for step in plan for i in step}
     lines = [f"> {c}" if i in used else f"> {c} (not needed)" for i, c in enumerate(clauses)]
     ready = _ready(problem, plan)
@@ -121,7 +122,25 @@ def quote_solution(problem: MathProblem, r: random.Random) -> str:
     for n, j in enumerate(order):
         end = len(clauses) if n == len(order) - 1 else ready[j] + 1  # the last step takes the rest
         quotes[j], start = lines[start:end], end
+    return quotes, order
+
+
+def quote_solution(problem: MathProblem, r: random.Random) -> str:
+    """A solution that walks the question's clauses in order (:func:`walk_order`), quoting each
+    clause above the first step that needs it, worded as a variant (:func:`vary_solution`). The
+    plain variant when the plan cannot be traced."""
+    walk = walk_order(problem)
+    if walk is None:
+        return vary_solution(problem, r)
+    quotes, order = walk
     return vary_solution(problem, r, quotes=quotes, order=order)
+
+
+def ordered_solution(problem: MathProblem, r: random.Random) -> str:
+    """The walk of :func:`quote_solution` without its quote lines: the steps in the order the
+    question states their facts, worded as a variant. The plain variant when it cannot be traced."""
+    walk = walk_order(problem)
+    return vary_solution(problem, r) if walk is None else vary_solution(problem, r, order=walk[1])
 
 
 def with_quotes(problem: MathProblem) -> MathProblem:
@@ -133,3 +152,15 @@ def with_quotes(problem: MathProblem) -> MathProblem:
 def train_quote_problems(n: int, start: int = QUOTE_SEED_START) -> list[MathProblem]:
     """``n`` training problems (training phrasings, held-out questions skipped), solutions quoted."""
     return train_variant_problems(n, start, with_quotes)
+
+
+def with_order(problem: MathProblem) -> MathProblem:
+    """``problem`` with an ordered variant solution (no quotes) drawn from its seed."""
+    r = random.Random(f"mathorder-{problem.seed}-{problem.family}")
+    return replace(problem, solution=ordered_solution(problem, r))
+
+
+def train_ordered_problems(n: int, start: int = QUOTE_SEED_START) -> list[MathProblem]:
+    """``n`` training problems (the questions of :func:`train_quote_problems`), steps in the order
+    the question states their facts, no quotes."""
+    return train_variant_problems(n, start, with_order)

@@ -42,6 +42,7 @@ SOURCES = {
     "codevar": "codevar_train",
     "mathvar": "mathvar_train",
     "mathquote": "mathquote_train",  # mathvar rows whose steps quote their facts (data/mathquotes.py)
+    "mathorder": "mathorder_train",  # the same walk through the facts without the quotes
     "codevar_eval": "codevar_eval",
     "codevar_combos_eval": "codevar_combos_eval",
     "codevar_phrasing_eval": "codevar_phrasing_eval",
@@ -61,6 +62,7 @@ TRAIN_SOURCES = (
     "codevar",
     "mathvar",
     "mathquote",
+    "mathorder",
 )
 
 
