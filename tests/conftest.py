@@ -81,6 +81,7 @@ LONGEST_FIRST = (
     "test_sandbox",
     "test_codegen",
     "test_loadtest",
+    "test_calibration",
 )
 
 

