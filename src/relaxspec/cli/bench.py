@@ -22,7 +22,6 @@ from relaxspec.cli.common import (
     int_list,
     role_dir,
 )
-from relaxspec.errors import RelaxSpecError
 
 
 @app.command("bench")
@@ -89,14 +88,9 @@ def bench_cmd(
     vLLM (vllm-ar, vllm-sd).
     """
     from relaxspec.eval.bench import BenchConfig, run_bench
-    from relaxspec.eval.grid import parse_models, parse_peers, parse_seeds, split_list
+    from relaxspec.eval.grid import parse_models, parse_peers, parse_seeds, parse_temperatures, split_list
 
-    try:
-        temps = [float(t) for t in split_list(temperature)]
-    except ValueError:
-        raise RelaxSpecError(f"--temperature expects comma-separated numbers, got {temperature!r}") from None
-    if not temps:
-        raise RelaxSpecError("--temperature expects a number")
+    temps = parse_temperatures(temperature)
     config = BenchConfig(
         methods=split_list(methods),
         datasets=[str(prompts)] if prompts is not None else split_list(dataset),
@@ -155,15 +149,10 @@ def tournament_cmd(
     """Every relaxed rule over a grid of its parameter beside greedy AR, top-p AR and exact SD on
     the same models, prompts and seeds: table, speed–quality frontier plot, JSON and a verdict per
     dataset and temperature (docs/relaxed-rules.md)."""
-    from relaxspec.eval.grid import parse_models, parse_seeds, split_list
+    from relaxspec.eval.grid import parse_models, parse_seeds, parse_temperatures, split_list
     from relaxspec.eval.tournament import TournamentConfig, parse_grid, run_tournament
 
-    try:
-        temps = [float(t) for t in split_list(temperatures)]
-    except ValueError:
-        raise RelaxSpecError(
-            f"--temperatures expects comma-separated numbers, got {temperatures!r}"
-        ) from None
+    temps = parse_temperatures(temperatures, "--temperatures")
     config = TournamentConfig(
         datasets=split_list(dataset),
         temperatures=temps,

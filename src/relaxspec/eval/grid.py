@@ -28,6 +28,17 @@ def parse_seeds(text: str) -> list[int]:
         raise RelaxSpecError(f"--seeds expects comma-separated integers, got {text!r}") from None
 
 
+def parse_temperatures(text: str, option: str = "--temperature") -> list[float]:
+    """``1,0.9`` -> [1.0, 0.9]; ``option`` names the flag in the one-line error."""
+    try:
+        temps = [float(x) for x in split_list(text)]
+    except ValueError:
+        raise RelaxSpecError(f"{option} expects comma-separated numbers, got {text!r}") from None
+    if not temps:
+        raise RelaxSpecError(f"{option} expects a number")
+    return temps
+
+
 def parse_peers(text: str) -> list[str] | None:
     """``auto`` (None: every peer whose models exist), ``none`` or a comma-separated list."""
     if text.strip() == "auto":
